@@ -1,0 +1,366 @@
+"""YAML experiment configs, validated on load.
+
+One file describes one experiment: ``data`` (how ``prepare`` builds the dataset),
+``model``, ``training`` and ``decoding``. Every section is a dataclass; loading
+checks unknown fields, types and impossible values and raises :class:`ConfigError`
+naming the field path (``model.n_heads``), so a typo never silently falls back to a
+default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+
+from structnmt.errors import ConfigError
+
+# ---------------------------------------------------------------------------
+# generic dataclass validation
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
+
+
+def convert(tp: Any, value: Any, where: str) -> Any:
+    """Check ``value`` against the annotation ``tp`` and build nested dataclasses."""
+    origin = typing.get_origin(tp)
+    args = typing.get_args(tp)
+    if tp is Any:
+        return value
+    if origin in (typing.Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return convert(arg, value, where)
+            except ConfigError as err:
+                errors.append(str(err))
+        raise ConfigError(f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}", where)
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"must be one of {list(args)}, got {value!r}", where)
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"expected a list, got {value!r}", where)
+        item = args[0] if args else Any
+        return [convert(item, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"expected a mapping, got {value!r}", where)
+        ktp, vtp = args if args else (Any, Any)
+        return {convert(ktp, k, where): convert(vtp, v, f"{where}.{k}") for k, v in value.items()}
+    if dataclasses.is_dataclass(tp):
+        return from_dict(tp, value, where)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"expected true or false, got {value!r}", where)
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"expected an integer, got {value!r}", where)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"expected a number, got {value!r}", where)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"expected a string, got {value!r}", where)
+        return value
+    return value
+
+
+def from_dict(cls: type, data: Any, where: str = "") -> Any:
+    """Build dataclass ``cls`` from a mapping, refusing unknown fields by name."""
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"expected a mapping, got {data!r}", where or None)
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        name = f"{where}.{unknown[0]}" if where else unknown[0]
+        raise ConfigError(f"unknown field (known fields: {', '.join(sorted(known))})", name)
+    kwargs = {}
+    for name, value in data.items():
+        path = f"{where}.{name}" if where else name
+        kwargs[name] = convert(hints[name], value, path)
+    missing = [
+        n for n, f in known.items()
+        if n not in kwargs and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        name = f"{where}.{missing[0]}" if where else missing[0]
+        raise ConfigError("required field is missing", name)
+    obj = cls(**kwargs)
+    check = getattr(obj, "validate", None)
+    if check is not None:
+        check(where)
+    return obj
+
+
+def to_dict(obj: Any) -> Any:
+    return dataclasses.asdict(obj)
+
+
+def _need(cond: bool, message: str, where: str) -> None:
+    if not cond:
+        raise ConfigError(message, where)
+
+
+# ---------------------------------------------------------------------------
+# data: what ``structnmt prepare`` does
+
+
+@dataclass
+class ParserConfig:
+    """Which parser produces the word-level trees of one side."""
+
+    backend: Literal["spacy", "stanza", "udpipe", "conllu", "none"] = "none"
+    model: str | None = None  # spaCy model name or path, Stanza language, UDPipe model file
+    conllu: dict[str, str] = field(default_factory=dict)  # split name -> CoNLL-U file (backend conllu)
+    convention: Literal["ud", "clearnlp", "other"] | None = None  # recorded in the dataset
+    batch_size: int = 256
+
+    def validate(self, where: str) -> None:
+        if self.backend in ("spacy", "stanza", "udpipe"):
+            _need(bool(self.model), f"the {self.backend} back end needs a model name", f"{where}.model")
+        if self.backend == "conllu":
+            _need(bool(self.conllu), "the conllu back end needs a CoNLL-U file per split", f"{where}.conllu")
+
+
+@dataclass
+class SideConfig:
+    lang: str
+    parser: ParserConfig = field(default_factory=ParserConfig)
+    scenes: Literal["none", "dependency", "ucca"] = "none"
+    ucca: dict[str, str] = field(default_factory=dict)  # split name -> directory of UCCA XML passages
+
+
+@dataclass
+class SplitFiles:
+    """One split: two plain/gzipped files, or one TSV of pairs."""
+
+    src: str | None = None
+    tgt: str | None = None
+    tsv: str | None = None
+
+    def validate(self, where: str) -> None:
+        _need(
+            (self.tsv is not None) != (self.src is not None and self.tgt is not None),
+            "give either src and tgt files or one tsv file",
+            where,
+        )
+
+
+@dataclass
+class SubwordConfig:
+    kind: Literal["sentencepiece", "none"] = "sentencepiece"
+    model_type: Literal["unigram", "bpe"] = "unigram"
+    vocab_size: int = 8000
+    joint: bool = True
+    character_coverage: float = 1.0
+
+    def validate(self, where: str) -> None:
+        _need(self.vocab_size >= 16, "must be at least 16", f"{where}.vocab_size")
+
+
+@dataclass
+class CleanConfig:
+    max_len: int = 250  # words (whitespace tokens) per side
+    max_ratio: float = 3.0  # longer/shorter side, in words
+    drop_bad_lines: bool = False  # drop (and count) undecodable or control-character lines instead of failing
+
+    def validate(self, where: str) -> None:
+        _need(self.max_len > 0, "must be positive", f"{where}.max_len")
+        _need(self.max_ratio >= 1.0, "must be at least 1", f"{where}.max_ratio")
+
+
+@dataclass
+class DataConfig:
+    src: SideConfig
+    tgt: SideConfig
+    splits: dict[str, SplitFiles]
+    dir: str  # the dataset directory prepare writes and train reads
+    train_split: str = "train"
+    valid_split: str = "val"
+    moses: bool = False  # Moses-tokenise before sub-words (and detokenise translations)
+    subwords: SubwordConfig = field(default_factory=SubwordConfig)
+    clean: CleanConfig = field(default_factory=CleanConfig)
+    processes: int = 1
+    cache_dir: str | None = None  # parse cache; default: <dir>/.parse_cache
+    multitask_parse: bool = False  # C&H: add linearised-parse examples to training (baselines)
+
+    def validate(self, where: str) -> None:
+        _need(self.train_split in self.splits, f"split {self.train_split!r} is not in data.splits",
+              f"{where}.train_split")
+        _need(self.processes >= 1, "must be at least 1", f"{where}.processes")
+
+
+# ---------------------------------------------------------------------------
+# model
+
+
+@dataclass
+class ModelConfig:
+    enc_layers: int = 3
+    dec_layers: int = 3
+    d_model: int = 256
+    n_heads: int = 4
+    d_ff: int = 1024
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    activation_dropout: float = 0.0
+    norm: Literal["pre", "post"] = "pre"
+    share_embeddings: bool = True  # source/target embeddings (needs a joint vocabulary)
+    tie_output: bool = True  # decoder input embedding = output projection
+    positional: Literal["sinusoidal", "learned", "none"] = "sinusoidal"
+    max_positions: int = 1024
+    methods: list[dict[str, Any]] = field(default_factory=list)  # structure-aware plug-ins, see model.methods
+
+    def validate(self, where: str) -> None:
+        _need(self.enc_layers >= 1, "must be at least 1", f"{where}.enc_layers")
+        _need(self.dec_layers >= 1, "must be at least 1", f"{where}.dec_layers")
+        _need(self.n_heads >= 1, "must be at least 1", f"{where}.n_heads")
+        _need(self.d_model % self.n_heads == 0,
+              f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})", f"{where}.n_heads")
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            value = getattr(self, name)
+            _need(0.0 <= value < 1.0, "must be in [0, 1)", f"{where}.{name}")
+        for i, method in enumerate(self.methods):
+            _need(isinstance(method, dict) and "name" in method, "each method needs a name",
+                  f"{where}.methods[{i}]")
+
+
+# ---------------------------------------------------------------------------
+# training
+
+
+@dataclass
+class TrainingConfig:
+    out_dir: str = "runs/experiment"
+    seed: int = 1
+    max_tokens: int = 4096  # target tokens per batch (per process)
+    accumulate: int = 1  # gradient accumulation steps
+    max_steps: int = 0  # optimiser updates; 0: no limit
+    max_epochs: int = 0  # 0: no limit
+    max_minutes: float = 0.0  # wall-clock budget; 0: no limit
+    lr: float = 7e-4
+    warmup: int = 4000
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = 1e-9
+    weight_decay: float = 0.0
+    clip_norm: float = 0.0
+    label_smoothing: float = 0.1
+    valid_every: int = 1000  # steps; 0: once per epoch
+    valid_bleu: bool = True
+    valid_beam: int = 1  # greedy by default: cheaper during training
+    early_stopping: int = 0  # validations without improvement; 0: off
+    early_stopping_metric: Literal["bleu", "loss"] = "bleu"
+    keep_last: int = 3  # step checkpoints kept besides best.pt and last.pt
+    log_every: int = 100
+    num_workers: int = 0
+    device: str = "auto"  # auto | cpu | cuda | cuda:N
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = "auto"  # auto: bf16 on capable GPUs, fp32 on CPU
+    threads: int = 0  # torch intra-op threads; 0: library default
+    deterministic: bool = False
+    max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
+    bucket_width: int = 0  # length bucketing granularity; 0: sort within a window
+    tensorboard: bool = True
+    progress: bool = True
+
+    def validate(self, where: str) -> None:
+        _need(self.max_tokens > 0, "must be positive", f"{where}.max_tokens")
+        _need(self.accumulate >= 1, "must be at least 1", f"{where}.accumulate")
+        _need(self.lr > 0, "must be positive", f"{where}.lr")
+        _need(self.warmup >= 0, "must not be negative", f"{where}.warmup")
+        _need(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "must be two numbers in [0, 1)",
+              f"{where}.betas")
+        _need(0.0 <= self.label_smoothing < 1.0, "must be in [0, 1)", f"{where}.label_smoothing")
+
+
+# ---------------------------------------------------------------------------
+# decoding
+
+
+@dataclass
+class DecodingConfig:
+    beam: int = 5
+    length_penalty: float = 0.6  # GNMT alpha; 0 disables
+    max_len_a: float = 1.5  # max target length = a * source length + b
+    max_len_b: int = 10
+    nbest: int = 1
+    max_tokens: int = 8000  # source tokens per decoding batch
+
+    def validate(self, where: str) -> None:
+        _need(self.beam >= 1, "must be at least 1", f"{where}.beam")
+        _need(1 <= self.nbest <= self.beam, "must be between 1 and beam", f"{where}.nbest")
+
+
+@dataclass
+class ExperimentConfig:
+    data: DataConfig | None = None
+    model: ModelConfig = field(default_factory=ModelConfig)
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    decoding: DecodingConfig = field(default_factory=DecodingConfig)
+    path: str | None = field(default=None, repr=False)  # set by load_config: where it came from
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Read and validate a YAML config; relative data paths resolve against the config's folder."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError("config file not found", path=path) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"not valid UTF-8 ({err.reason})", path=path) from None
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"not valid YAML: {err}", path=path) from None
+    if not isinstance(raw, dict):
+        raise ConfigError("the config must be a mapping of sections", path=path)
+    raw.pop("path", None)
+    for key, value in (overrides or {}).items():
+        _set_dotted(raw, key, value)
+    try:
+        cfg = from_dict(ExperimentConfig, raw)
+    except ConfigError as err:
+        raise ConfigError(str(err), path=path) from None
+    cfg.path = str(path)
+    from structnmt.model.methods import validate_method_configs
+
+    try:
+        validate_method_configs(cfg.model)
+    except ConfigError as err:
+        raise ConfigError(str(err), path=path) from None
+    return cfg
+
+
+def config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
+    cfg = from_dict(ExperimentConfig, dict(raw))
+    from structnmt.model.methods import validate_method_configs
+
+    validate_method_configs(cfg.model)
+    return cfg
+
+
+def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    parts = key.split(".")
+    node = raw
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+    node[parts[-1]] = value

@@ -1,0 +1,165 @@
+"""Greedy and batched beam search with cached keys and values.
+
+Beam search follows the usual NMT recipe (as in fairseq and Marian): at each step every
+live hypothesis is extended by every word, the best ``2 * beam`` candidates per sentence
+are kept, end-of-sentence candidates among the best ``beam`` are finished with a GNMT
+length penalty, and a sentence stops once it has ``beam`` finished hypotheses or reaches
+its maximum length. Finished sentences leave the batch, so the cost falls as the batch
+empties.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from structnmt.data.batch import BOS_ID, EOS_ID, PAD_ID, Batch
+from structnmt.model.transformer import EncoderOutput, Transformer
+
+
+@dataclass
+class Hypothesis:
+    tokens: list[int]  # without BOS and EOS
+    score: float  # log-probability divided by the length penalty
+    logprob: float
+
+
+def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
+    """GNMT length penalty ((5 + |Y|) / 6)^alpha (Wu et al. 2016); |Y| counts the EOS."""
+    return ((5.0 + length) / 6.0) ** alpha
+
+
+def _max_lengths(enc: EncoderOutput, a: float, b: int, limit: int) -> Tensor:
+    src_len = (~enc.src_pad).sum(dim=1).float()
+    return (a * src_len + b).long().clamp(min=1, max=limit)
+
+
+def _encode(model: Transformer, batch: Batch) -> EncoderOutput:
+    struct = {"src": batch.struct.get("src", {}), "tgt": {}}
+    return model.encode(batch.src, struct)
+
+
+@torch.no_grad()
+def greedy_search(model: Transformer, batch: Batch, length_penalty_alpha: float = 0.0,
+                  max_len_a: float = 1.5, max_len_b: int = 10) -> list[list[Hypothesis]]:
+    model.eval()
+    enc = _encode(model, batch)
+    n = batch.src.size(0)
+    max_len = _max_lengths(enc, max_len_a, max_len_b, model.cfg.max_positions - 2)
+    cache = model.new_cache()
+    tokens = torch.full((n, 1), BOS_ID, dtype=torch.long, device=batch.src.device)
+    logprob = torch.zeros(n, device=batch.src.device)
+    done = torch.zeros(n, dtype=torch.bool, device=batch.src.device)
+    out_tokens: list[Tensor] = []
+    for step in range(int(max_len.max()) + 1):
+        lprobs = torch.log_softmax(model.decode(tokens, enc, cache=cache)[:, -1].float(), dim=-1)
+        lprobs[:, PAD_ID] = float("-inf")
+        lprobs[:, BOS_ID] = float("-inf")
+        best, word = lprobs.max(dim=-1)
+        force = step >= max_len  # out of length: end the sentence here
+        word = torch.where(force, torch.full_like(word, EOS_ID), word)
+        best = torch.where(force, lprobs[:, EOS_ID], best)
+        word = word.masked_fill(done, PAD_ID)
+        logprob = logprob + best.masked_fill(done, 0.0)
+        out_tokens.append(word)
+        done = done | word.eq(EOS_ID)
+        if bool(done.all()):
+            break
+        tokens = word[:, None]
+    seq = torch.stack(out_tokens, dim=1).tolist()
+    results = []
+    for i, row in enumerate(seq):
+        words = []
+        for t in row:
+            if t in (EOS_ID, PAD_ID):
+                break
+            words.append(t)
+        lp = length_penalty(len(words) + 1, length_penalty_alpha)
+        results.append([Hypothesis(words, float(logprob[i]) / lp, float(logprob[i]))])
+    return results
+
+
+@torch.no_grad()
+def beam_search(model: Transformer, batch: Batch, beam: int = 5, length_penalty_alpha: float = 0.6,
+                max_len_a: float = 1.5, max_len_b: int = 10, nbest: int = 1) -> list[list[Hypothesis]]:
+    model.eval()
+    device = batch.src.device
+    enc = _encode(model, batch)
+    n_sent = batch.src.size(0)
+    max_len = _max_lengths(enc, max_len_a, max_len_b, model.cfg.max_positions - 2)
+    enc = enc.index_select(torch.arange(n_sent, device=device).repeat_interleave(beam))
+    cache = model.new_cache()
+    finished: list[list[Hypothesis]] = [[] for _ in range(n_sent)]
+    active = torch.arange(n_sent, device=device)  # original sentence number of each live group
+    scores = torch.zeros(n_sent, beam, device=device)
+    scores[:, 1:] = float("-inf")  # at the start only one hypothesis per sentence is live
+    history = torch.full((n_sent * beam, 1), BOS_ID, dtype=torch.long, device=device)
+    step = 0
+    while active.numel() > 0:
+        n = active.numel()
+        logits = model.decode(history[:, -1:], enc, cache=cache)[:, -1]
+        lprobs = torch.log_softmax(logits.float(), dim=-1)
+        lprobs[:, PAD_ID] = float("-inf")
+        lprobs[:, BOS_ID] = float("-inf")
+        vocab = lprobs.size(-1)
+        force = (step >= max_len[active]).repeat_interleave(beam)
+        if bool(force.any()):
+            keep_eos = lprobs[:, EOS_ID].clone()
+            lprobs[force] = float("-inf")
+            lprobs[force, EOS_ID] = keep_eos[force]
+        cand = (scores.view(n, beam, 1) + lprobs.view(n, beam, vocab)).view(n, beam * vocab)
+        top_scores, top_index = cand.topk(min(2 * beam, beam * vocab), dim=1)
+        origin = torch.div(top_index, vocab, rounding_mode="floor")
+        word = top_index % vocab
+        is_eos = word.eq(EOS_ID) & torch.isfinite(top_scores)
+
+        # finish end-of-sentence candidates among the best `beam`
+        done = torch.zeros(n, dtype=torch.bool, device=device)
+        eos_rows = (is_eos[:, :beam]).nonzero().tolist()
+        if eos_rows:
+            hist = history.view(n, beam, -1)
+            top_scores_list = top_scores.tolist()
+            for g, k in eos_rows:
+                sent = int(active[g])
+                if len(finished[sent]) >= beam:
+                    continue
+                toks = hist[g, int(origin[g, k]), 1:].tolist()
+                logprob = top_scores_list[g][k]
+                lp = length_penalty(len(toks) + 1, length_penalty_alpha)
+                finished[sent].append(Hypothesis(toks, logprob / lp, logprob))
+            for g in range(n):
+                if len(finished[int(active[g])]) >= beam:
+                    done[g] = True
+        done |= step >= max_len[active]
+
+        # the next live hypotheses: the best `beam` candidates that are not end-of-sentence
+        order = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :beam]
+        next_scores = top_scores.gather(1, order)
+        next_origin = origin.gather(1, order)
+        next_word = word.gather(1, order)
+        rows = (torch.arange(n, device=device)[:, None] * beam + next_origin).view(-1)
+        history = torch.cat([history.index_select(0, rows), next_word.view(-1, 1)], dim=1)
+        Transformer.reorder_cache(cache, rows, cross=False)
+        scores = next_scores
+
+        if bool(done.any()):
+            keep = (~done).nonzero().view(-1)
+            groups = (keep[:, None] * beam + torch.arange(beam, device=device)).view(-1)
+            history = history.index_select(0, groups)
+            scores = scores.index_select(0, keep)
+            Transformer.reorder_cache(cache, groups, cross=True)
+            enc = enc.index_select(groups)
+            active = active.index_select(0, keep)
+        step += 1
+
+    return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
+
+
+def translate_batch(model: Transformer, batch: Batch, beam: int = 5, length_penalty: float = 0.6,
+                    max_len_a: float = 1.5, max_len_b: int = 10, nbest: int = 1) -> list[list[Hypothesis]]:
+    """Beam search for ``beam > 1``, greedy decoding for ``beam == 1``."""
+    if beam == 1:
+        return greedy_search(model, batch, length_penalty, max_len_a, max_len_b)
+    return beam_search(model, batch, beam, length_penalty, max_len_a, max_len_b, nbest)

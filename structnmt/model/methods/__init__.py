@@ -1,0 +1,91 @@
+"""Structure-aware methods as attention plug-ins; every module here registers itself.
+
+Adding a method: drop a module into this package that defines a ``@register("name")``
+subclass of :class:`Method`. It is discovered automatically; the trainer, the decoder
+and the model code stay as they are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pkgutil
+from typing import Any
+
+from structnmt.config import from_dict
+from structnmt.errors import ConfigError
+from structnmt.model.methods.base import (
+    METHODS,
+    AttentionContext,
+    AttentionPlugin,
+    Method,
+    MethodParams,
+    RecordKey,
+    Site,
+    register,
+)
+
+__all__ = [
+    "METHODS", "AttentionContext", "AttentionPlugin", "Method", "MethodParams", "RecordKey", "Site",
+    "register", "build_methods", "validate_method_configs", "structure_needs",
+]
+
+_loaded = False
+
+
+def _discover() -> None:
+    global _loaded
+    if _loaded:
+        return
+    for info in pkgutil.iter_modules(__path__):
+        if info.name != "base" and not info.name.startswith("_"):
+            importlib.import_module(f"{__name__}.{info.name}")
+    _loaded = True
+
+
+def _parse(entry: dict[str, Any], model_cfg: Any, where: str) -> Method:
+    _discover()
+    name = entry.get("name")
+    if name not in METHODS:
+        raise ConfigError(f"unknown method {name!r} (known: {', '.join(sorted(METHODS))})", f"{where}.name")
+    cls = METHODS[name]
+    params = from_dict(cls.Params, dict(entry), where)
+    depth = {"encoder": model_cfg.enc_layers, "decoder": model_cfg.dec_layers}[params.stack]
+    if params.stack == "encoder" and params.attention == "cross":
+        raise ConfigError("the encoder has no cross-attention", f"{where}.attention")
+    for layer in params.layers:
+        if not 1 <= layer <= depth:
+            raise ConfigError(
+                f"layer {layer} is outside the {params.stack}'s layers 1..{depth}", f"{where}.layers"
+            )
+    method = cls(params, model_cfg)
+    for head in method.head_list():
+        if not 0 <= head < model_cfg.n_heads:
+            raise ConfigError(f"head {head} is outside 0..{model_cfg.n_heads - 1}", f"{where}.heads")
+    return method
+
+
+def build_methods(model_cfg: Any) -> list[Method]:
+    return [_parse(e, model_cfg, f"model.methods[{i}]") for i, e in enumerate(model_cfg.methods)]
+
+
+def validate_method_configs(model_cfg: Any) -> None:
+    build_methods(model_cfg)
+
+
+def structure_needs(methods: list[Method], inference: bool = False) -> dict[str, set[str]]:
+    """Union of the structure fields the methods read, per side."""
+    out: dict[str, set[str]] = {"src": set(), "tgt": set()}
+    for method in methods:
+        table = method.needs_at_inference if inference else method.needs
+        for side, fields in table.items():
+            out[side].update(fields)
+    return out
+
+
+def method_params_doc(name: str) -> dict[str, Any]:
+    """Defaults of a method's parameters (for ``structnmt methods``)."""
+    _discover()
+    cls = METHODS[name]
+    return {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
+            for f in dataclasses.fields(cls.Params) if f.name != "name"}

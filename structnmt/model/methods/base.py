@@ -1,0 +1,251 @@
+"""The plug-in interface for structure-aware attention.
+
+A *method* (PASCAL, Deps-SAN, SASA, DBSA, ...) is one small module in this package.
+It declares
+
+* which structure fields it reads (``needs``; e.g. ``{"src": ("parent_mid",)}``) and which
+  of those it still needs at translation time (``needs_at_inference``),
+* where it acts (:class:`Site`: encoder/decoder, self/cross attention, layers, heads),
+* how it changes attention, through the hooks of :class:`AttentionPlugin`:
+
+  ``queries(q)`` / ``keys(k)``   before the scores         (SACrA, context-aware SAN)
+  ``scores(S)``                   before the softmax        (PASCAL, Deps-SAN, Localness, LPSI)
+  ``bias()``                      additive, fused-kernel OK (Wink masks, local windows)
+  ``probs(A)``                    after the softmax         (UDISCAL, SASA), and where
+                                  auxiliary losses are read (DBSA, SISA)
+  ``extra_output(A)``             added to ``A V``          (relative positions on values)
+
+* and, for losses that span layers (SyncAttn, SynchMSE/Rank), ``Method.loss(records)``
+  reading the attention tensors it asked for in ``Method.records()``.
+
+The trainer and the decoder never name a method: they call the model, and the model
+calls whatever plug-ins the config attached. A new method is a new file here with a
+``@register("name")`` class; nothing else changes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import Tensor, nn
+
+Stack = Literal["encoder", "decoder"]
+AttentionKind = Literal["self", "cross"]
+RecordKey = tuple[str, int, str, str]  # (stack, layer 0-based, "self"|"cross", name)
+
+
+@dataclass(frozen=True)
+class Site:
+    """One attention module of the model; ``layer`` is 0-based here (configs are 1-based)."""
+
+    stack: Stack
+    attention: AttentionKind
+    layer: int
+
+    @property
+    def struct_side(self) -> str:
+        """Which sentence the query rows belong to: source for encoder attention, target otherwise."""
+        return "src" if self.stack == "encoder" else "tgt"
+
+
+class AttentionContext:
+    """Everything a plug-in may read inside one attention call.
+
+    Shapes: ``q`` is (B, H, I, d_head), ``k`` and ``v`` are (B, H, J, d_head). Query rows are
+    positions ``q_offset .. q_offset+I-1`` of the query sentence (``q_offset > 0`` only in
+    incremental decoding). ``struct`` holds the structure tensors of both sides
+    (``struct["src"]["dist"]`` ...), built only for the fields some method asked for.
+    """
+
+    def __init__(
+        self,
+        site: Site,
+        struct: dict[str, dict[str, Tensor]],
+        key_padding: Tensor | None,
+        causal: bool,
+        training: bool,
+        q_offset: int = 0,
+        records: dict[RecordKey, Tensor] | None = None,
+        requested: set[RecordKey] | frozenset = frozenset(),
+        losses: dict[str, Tensor] | None = None,
+        key_input: Tensor | None = None,
+        key_proj: Any = None,
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        self.site = site
+        self.struct = struct
+        self.key_padding = key_padding  # (B, J) True at padding
+        self.causal = causal
+        self.training = training
+        self.q_offset = q_offset
+        self.records = records
+        self.requested = requested
+        self.losses = losses if losses is not None else {}
+        self.key_input = key_input  # (B, J, d_model): what the keys were projected from
+        self.key_proj = key_proj  # callable: (B, J, d_model) -> (B, H, J, d_head)
+        self.state = state  # per-sentence decoding state a plug-in may cache in (incremental decoding)
+        self.q: Tensor | None = None
+        self.k: Tensor | None = None
+        self.v: Tensor | None = None
+
+    def side(self, which: str | None = None) -> dict[str, Tensor]:
+        """Structure fields of ``which`` ("src"/"tgt"), by default of the query side."""
+        return self.struct.get(which or self.site.struct_side, {})
+
+    def key(self, name: str) -> RecordKey:
+        return (self.site.stack, self.site.layer, self.site.attention, name)
+
+    def wants(self, name: str) -> bool:
+        """True if a method's loss or an analysis asked for this site's tensor ``name``."""
+        return self.records is not None and self.key(name) in self.requested
+
+    def record(self, name: str, value: Tensor) -> None:
+        """Keep a tensor for a model-level loss or an analysis, if someone asked for it."""
+        if self.wants(name):
+            self.records[self.key(name)] = value  # type: ignore[index]
+
+    def add_loss(self, name: str, value: Tensor) -> None:
+        """Add a (weighted) auxiliary loss term; the trainer sums and logs each term by name."""
+        self.losses[name] = self.losses[name] + value if name in self.losses else value
+
+
+class AttentionPlugin(nn.Module):
+    """Changes some heads of one attention module. Override only the hooks you need.
+
+    ``heads`` are 0-based head indices. Every hook receives and returns full (B, H, ...)
+    tensors and must leave other heads, padding keys and special-token rows untouched.
+    """
+
+    #: True if the plug-in needs the explicit score matrix (``scores``/``probs`` hooks); a layer
+    #: whose plug-ins all set it False keeps the fused kernel and receives only ``bias``.
+    explicit: ClassVar[bool] = True
+
+    def __init__(self, heads: list[int]) -> None:
+        super().__init__()
+        self.heads = list(heads)
+
+    def head_index(self, device: torch.device) -> Tensor:
+        return torch.tensor(self.heads, dtype=torch.long, device=device)
+
+    def queries(self, q: Tensor, ctx: AttentionContext) -> Tensor:
+        return q
+
+    def keys(self, k: Tensor, ctx: AttentionContext) -> Tensor:
+        return k
+
+    def bias(self, ctx: AttentionContext) -> Tensor | None:
+        """Additive term for the scores, broadcastable to (B, H, I, J); -inf masks a key."""
+        return None
+
+    def scores(self, s: Tensor, ctx: AttentionContext) -> Tensor:
+        """``s`` = QK^T/sqrt(d), before any padding or causal mask."""
+        return s
+
+    def probs(self, a: Tensor, ctx: AttentionContext) -> Tensor:
+        """``a`` = softmax of the masked scores, before attention dropout."""
+        return a
+
+    def extra_output(self, a: Tensor, ctx: AttentionContext) -> Tensor | None:
+        """A term added to ``A V`` (B, H, I, d_head)."""
+        return None
+
+
+@dataclass
+class MethodParams:
+    """Where a method acts. Every method's parameter dataclass extends this one.
+
+    ``layers`` are 1-based like the papers; ``heads`` are 0-based indices, a count ``n``
+    (the first n heads), or ``"all"``.
+    """
+
+    name: str = ""
+    stack: Stack = "encoder"
+    attention: AttentionKind = "self"
+    layers: list[int] = field(default_factory=lambda: [1])
+    heads: list[int] | int | str = "all"
+
+
+class Method:
+    """A structure-aware method as configured in one ``model.methods`` entry."""
+
+    name: ClassVar[str] = ""
+    Params: ClassVar[type[MethodParams]] = MethodParams
+    #: structure fields read, per side ("src"/"tgt"): used to build only what is needed
+    needs: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: the subset still needed when translating (source side only: target trees do not exist then)
+    needs_at_inference: ClassVar[dict[str, tuple[str, ...]]] = {}
+    #: True if the method adds trainable parameters (the parameter-free ones must not)
+    adds_parameters: ClassVar[bool] = False
+
+    def __init__(self, params: MethodParams, model_cfg: Any) -> None:
+        self.p = params
+        self.model_cfg = model_cfg
+
+    # -- where ---------------------------------------------------------------
+    def head_list(self) -> list[int]:
+        heads = self.p.heads
+        n = self.model_cfg.n_heads
+        if heads == "all":
+            return list(range(n))
+        if isinstance(heads, int):
+            return list(range(heads))
+        return list(heads)
+
+    def sites(self) -> list[Site]:
+        return [Site(self.p.stack, self.p.attention, layer - 1) for layer in self.p.layers]
+
+    # -- hooks ---------------------------------------------------------------
+    def make_plugin(self, site: Site) -> AttentionPlugin | None:
+        """The plug-in for one site (a fresh module per site: parameters are per layer)."""
+        return None
+
+    def plugins(self) -> list[tuple[Site, AttentionPlugin]]:
+        out = []
+        for site in self.sites():
+            plugin = self.make_plugin(site)
+            if plugin is not None:
+                out.append((site, plugin))
+        return out
+
+    def embed(self, x: Tensor, side: str, struct: dict[str, Tensor]) -> Tensor:
+        """Change token embeddings (B, L, d) of ``side`` (S&H label embeddings)."""
+        return x
+
+    def embedding_module(self) -> nn.Module | None:
+        """Parameters used by ``embed``; the model registers them."""
+        return None
+
+    def records(self) -> set[RecordKey]:
+        """Attention tensors ``loss`` needs, e.g. ``("decoder", 2, "cross", "probs")``."""
+        return set()
+
+    def loss(self, records: dict[RecordKey, Tensor], batch_struct: dict[str, dict[str, Tensor]],
+             pads: dict[str, Tensor]) -> dict[str, Tensor]:
+        """Model-level auxiliary losses (already weighted), by name."""
+        return {}
+
+
+# ---------------------------------------------------------------------------
+# registry
+
+METHODS: dict[str, type[Method]] = {}
+
+
+def register(name: str):
+    """Class decorator: make a method available under ``name`` in configs."""
+
+    def wrap(cls: type[Method]) -> type[Method]:
+        if name in METHODS and METHODS[name] is not cls:
+            raise ValueError(f"method {name!r} registered twice")
+        cls.name = name
+        METHODS[name] = cls
+        return cls
+
+    return wrap
+
+
+def params_fields(cls: type[MethodParams]) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls)]
