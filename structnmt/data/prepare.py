@@ -1,0 +1,203 @@
+"""``structnmt prepare``: raw parallel text in, a prepared dataset directory out.
+
+Everything is built in a temporary directory beside ``data.dir`` and renamed into place
+only at the end, so a failed or interrupted prepare leaves the previous dataset (or
+none), never half of one. The parse cache (default ``<dir>/.parse_cache``) lives outside
+that swap: it survives a failed run and is carried into the new dataset directory.
+
+``data.multitask_parse`` builds the C&H baseline data (Currey & Heafield 2019, as run in
+pascal-bugliarello2020): every training pair gets a twin whose source is the tagged
+sentence ``<parse> ... <parse>`` and whose target is its linearised dependency parse
+(:func:`structnmt.data.pipeline.linearise`); translation sources carry ``<translate>``.
+The tags are user-defined SentencePiece symbols, so they stay one piece each.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from structnmt.config import DataConfig, ExperimentConfig
+from structnmt.data.corpus import read_parallel
+from structnmt.data.dataset import DatasetWriter
+from structnmt.data.example import Example, Side
+from structnmt.data.pipeline import PARSE_TAG, SIDES, TRANSLATE_TAG, Preprocessor, linearise, tag
+from structnmt.data.tokenisation import MosesTokeniser, SubwordModel, train_sentencepiece
+from structnmt.errors import ConfigError
+from structnmt.io import atomic_write_text
+
+FORMAT_VERSION = 1
+
+
+def _split_paths(data: DataConfig, split: str) -> dict[str, str]:
+    files = data.splits[split]
+    if files.tsv is not None:
+        return {"src": files.tsv, "tgt": files.tsv}
+    return {"src": files.src or "", "tgt": files.tgt or ""}
+
+
+def _check(data: DataConfig) -> None:
+    if data.multitask_parse and data.src.parser.backend == "none":
+        raise ConfigError("the C&H multi-task data needs a source parser (data.src.parser)",
+                          "data.multitask_parse")
+
+
+def _train_subwords(data: DataConfig, tmp: Path, train: dict[str, list[str]],
+                    symbols: list[str]) -> tuple[dict[str, SubwordModel], dict[str, dict]]:
+    """Train the joint (or one per side) SentencePiece model on the training split."""
+    sub = data.subwords
+    model_type = "word" if sub.kind == "none" else sub.model_type
+    if sub.joint:
+        path, _ = train_sentencepiece(train["src"] + train["tgt"], tmp / "spm", sub.vocab_size, model_type,
+                                      sub.character_coverage, symbols)
+        model = SubwordModel(path)
+        info = {"file": path.name, "vocab_size": model.vocab_size, "requested": sub.vocab_size,
+                "model_type": model_type}
+        return {"src": model, "tgt": model}, {"src": info, "tgt": info}
+    models, infos = {}, {}
+    for side in SIDES:
+        path, _ = train_sentencepiece(train[side], tmp / f"spm.{side}", sub.vocab_size, model_type,
+                                      sub.character_coverage, symbols if side == "src" else [])
+        models[side] = SubwordModel(path)
+        infos[side] = {"file": path.name, "vocab_size": models[side].vocab_size, "requested": sub.vocab_size,
+                       "model_type": model_type}
+    return models, infos
+
+
+def _parse_examples(pre: Preprocessor, pairs: list[tuple[int, str, str]], split: str,
+                    src_texts: list[str]) -> list[Example]:
+    """The C&H parse twins of the training pairs (tagged source -> linearised parse)."""
+    trees = pre.parse("src", split, src_texts, [n for n, _, _ in pairs]) or []
+    out = []
+    for (line, _src, _tgt), text, tree in zip(pairs, src_texts, trees):
+        source = tag(text, PARSE_TAG)
+        target = linearise(tree)
+        src_ids, _ = pre.subwords["src"].encode(source)
+        tgt_ids, _ = pre.subwords["tgt"].encode(target)
+        out.append(Example(src=Side(ids=src_ids), tgt=Side(ids=tgt_ids),
+                           meta={"line": line, "src_text": source, "tgt_text": target, "task": "parse"}))
+    return out
+
+
+def prepare(cfg: ExperimentConfig, force: bool = False, verbose: bool = True) -> Path:
+    """Build the dataset of ``cfg.data``; returns its directory.
+
+    An existing dataset prepared from the same data config is kept as it is; one from a
+    different config is replaced only with ``force``.
+    """
+    if cfg.data is None:
+        raise ConfigError("the config has no data section", "data")
+    data = cfg.data
+    _check(data)
+    out = Path(data.dir)
+    config_dict = asdict(data)
+    if (out / "meta.json").is_file() and not force:
+        old = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+        if old.get("data") == json.loads(json.dumps(config_dict)):
+            if verbose:
+                print(f"{out}: already prepared from this config (use --force to rebuild)")
+            return out
+        raise ConfigError(f"{out} holds a dataset prepared from a different config; "
+                          "use --force to replace it", "data.dir")
+    cache_dir = Path(data.cache_dir) if data.cache_dir else out / ".parse_cache"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    try:
+        meta = _build(data, tmp, cache_dir, config_dict, verbose)
+        atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
+        _swap(tmp, out, cache_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _swap(tmp: Path, out: Path, cache_dir: Path) -> None:
+    """Move the finished dataset into place, keeping the parse cache if it lives inside ``out``."""
+    inside = out / ".parse_cache"
+    if cache_dir.resolve() == inside.resolve() and inside.is_dir():
+        os.replace(inside, tmp / ".parse_cache")
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old.{os.getpid()}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _build(data: DataConfig, tmp: Path, cache_dir: Path, config_dict: dict, verbose: bool) -> dict:
+    splits: dict[str, list[tuple[int, str, str]]] = {}
+    reports: dict[str, dict[str, int]] = {}
+    for split, files in data.splits.items():
+        splits[split], reports[split] = read_parallel(files, data.clean)
+    task_tag = TRANSLATE_TAG if data.multitask_parse else None
+
+    # sub-word training text: the training split as the parser sees it (Moses-tokenised if on)
+    moses = {side: MosesTokeniser(getattr(data, side).lang) for side in SIDES} if data.moses else {}
+    train_pairs = splits[data.train_split]
+    train = {
+        "src": [moses["src"].tokenise(s) if moses else s for _, s, _ in train_pairs],
+        "tgt": [moses["tgt"].tokenise(t) if moses else t for _, _, t in train_pairs],
+    }
+    pre = Preprocessor(data, {}, cache_dir=cache_dir, task_tag=task_tag)
+    symbols: list[str] = []
+    parses: list[str] = []
+    if data.multitask_parse:
+        symbols = [TRANSLATE_TAG, PARSE_TAG]
+        trees = pre.parse("src", data.train_split, train["src"], [n for n, _, _ in train_pairs]) or []
+        parses = [linearise(t) for t in trees]
+    # with multi-task data the models also learn the parse twins (tagged sources, bracketings)
+    train_text = {"src": list(train["src"]), "tgt": train["tgt"] + parses}
+    if parses:
+        train_text["src"] += [tag(s, PARSE_TAG) for s in train["src"]]
+    pre.subwords, sub_info = _train_subwords(data, tmp, train_text, symbols)
+
+    store = {side: pre.keeps_structure and getattr(data, side).parser.backend != "none" for side in SIDES}
+    labels: list[str] | None = None
+    stats: dict[str, dict] = {}
+    for split, pairs in splits.items():
+        examples = pre.encode_pairs(pairs, split, _split_paths(data, split))
+        if data.multitask_parse and split == data.train_split:
+            examples += _parse_examples(pre, pairs, split, train["src"])
+        with DatasetWriter(tmp, split, store, label_vocab=labels) as writer:
+            for example in examples:
+                writer.add(example)
+            stats[split] = writer.close()
+        labels = stats[split]["labels"]
+        if verbose:
+            dropped = {k: v for k, v in reports[split].items() if k not in ("read", "kept") and v}
+            n_parse = stats[split]["n"] - len(pairs)
+            extra = f" (+{n_parse} parse examples)" if n_parse else ""
+            print(f"{split}: kept {len(pairs)} of {reports[split]['read']} pairs{extra}; "
+                  f"dropped {dropped or 'none'}")
+    return {
+        "format_version": FORMAT_VERSION,
+        "langs": {"src": data.src.lang, "tgt": data.tgt.lang},
+        "moses": data.moses,
+        "subwords": sub_info,
+        "joint_vocab": data.subwords.joint,
+        "task_tag": task_tag,
+        "parsers": {side: pre.parser_info(side) for side in SIDES},
+        "structures": store,
+        "scenes": {side: pre.scene_source(side) if store[side] else "none" for side in SIDES},
+        "labels": labels or [],
+        "splits": {split: {"n": stats[split]["n"], "tokens": stats[split]["tokens"],
+                           "fields": stats[split]["fields"], "clean": reports[split]}
+                   for split in splits},
+        "data": config_dict,
+    }
+
+
+def summary(meta: dict) -> str:
+    """One line per split: kept and dropped counts (what ``prepare`` printed)."""
+    lines = []
+    for split, info in meta["splits"].items():
+        dropped = {k: v for k, v in info["clean"].items() if k not in ("read", "kept") and v}
+        lines.append(f"{split}: {info['clean']['kept']} kept, dropped {dropped or 'none'}")
+    return "\n".join(lines)
+

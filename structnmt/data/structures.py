@@ -1,0 +1,268 @@
+"""From word-level trees to the sub-word structures the attention plug-ins read.
+
+A parser sees words, the model sees sub-words. Everything here follows METHODS.md
+("Structures and sub-words"): sub-words are aligned to words by character offsets, every
+sub-word inherits its word's structure, and the dense (B, L) / (B, L, L) batch fields of
+``structnmt/data/batch.py`` are built from small word-level matrices indexed by
+``word_index``, so the cost per token is numpy indexing rather than Python loops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from structnmt.data.example import DepTree
+from structnmt.errors import DataError
+
+#: every field ``build_struct`` knows; ``valid`` is always built
+STRUCT_FIELDS = frozenset(
+    {"valid", "word_index", "parent_mid", "parent_first", "dist", "scene_mask", "scene_dist", "labels"}
+)
+#: stored arrays each batch field is computed from
+_NEEDS: dict[str, tuple[str, ...]] = {
+    "word_index": ("word_index",),
+    "parent_mid": ("parent_mid",),
+    "parent_first": ("parent_first",),
+    "dist": ("word_index", "heads"),
+    "scene_mask": ("word_index", "scene_members", "scene_parent"),
+    "scene_dist": ("word_index", "scene_members", "scene_parent"),
+    "labels": ("word_index", "labels"),
+}
+
+
+# ---------------------------------------------------------------------------
+# sub-word <-> word alignment
+
+
+def align_pieces_to_words(
+    piece_spans: Sequence[tuple[int, int]],
+    word_spans: Sequence[tuple[int, int]],
+    path: str | Path | None = None,
+    line: int | None = None,
+) -> np.ndarray:
+    """The word (0-based) of each sub-word, from character offsets in the same raw sentence.
+
+    A piece belongs to the word it overlaps most (ties: the earlier word). A piece that
+    overlaps no word (a lone "▁", a whitespace piece) joins the next word, or the previous
+    one at the end of the sentence. Every word must receive at least one piece, else the
+    tokenisation and the parse disagree and the sentence cannot be used.
+    """
+    n_pieces, n_words = len(piece_spans), len(word_spans)
+    if n_words == 0:
+        raise DataError("cannot align sub-words to a sentence with no words", path, line)
+    if n_pieces == 0:
+        raise DataError("cannot align a sentence with no sub-words to its words", path, line)
+    pieces = np.asarray(piece_spans, dtype=np.int64).reshape(n_pieces, 2)
+    words = np.asarray(word_spans, dtype=np.int64).reshape(n_words, 2)
+    ends = np.minimum(pieces[:, None, 1], words[None, :, 1])
+    starts = np.maximum(pieces[:, None, 0], words[None, :, 0])
+    overlap = np.clip(ends - starts, 0, None)
+    index = overlap.argmax(axis=1)
+    orphan = overlap.max(axis=1) == 0
+    if orphan.any():
+        # first word starting at or after the piece; past the last word: the last word
+        following = np.searchsorted(words[:, 0], pieces[orphan, 0], side="left")
+        index[orphan] = np.minimum(following, n_words - 1)
+    if np.any(np.diff(index) < 0):
+        bad = int(np.flatnonzero(np.diff(index) < 0)[0]) + 1
+        raise DataError(f"sub-word {bad + 1} aligns to a word before the previous sub-word's word "
+                        "(pieces or words are out of order)", path, line)
+    missing = np.setdiff1d(np.arange(n_words), index)
+    if missing.size:
+        w = int(missing[0])
+        raise DataError(f"word {w + 1} (characters {words[w, 0]}..{words[w, 1]}) received no sub-word: "
+                        "tokenisation and parse disagree", path, line)
+    return index.astype(np.int32)
+
+
+def project(tree: DepTree, word_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``parent_first`` (int32) and ``parent_mid`` (float32) of every sub-word (METHODS.md).
+
+    Positions are 0-based sub-word positions within the sentence (no BOS/EOS); the batch
+    shifts them. The root's parent is the root itself, so its sub-words point at their own
+    word's middle, and its first sub-word at itself.
+    """
+    word_index = np.asarray(word_index, dtype=np.int64)
+    n_words = len(tree)
+    if word_index.size and (word_index.min() < 0 or word_index.max() >= n_words):
+        raise DataError(f"word_index refers to words outside 0..{n_words - 1}")
+    counts = np.bincount(word_index, minlength=n_words)
+    if (counts == 0).any():
+        w = int(np.flatnonzero(counts == 0)[0])
+        raise DataError(f"word {w + 1} ({tree.words[w]!r}) has no sub-word")
+    pos = np.arange(word_index.size, dtype=np.int64)
+    middle = np.bincount(word_index, weights=pos, minlength=n_words) / counts
+    first = np.full(n_words, word_index.size, dtype=np.int64)
+    np.minimum.at(first, word_index, pos)
+    heads = np.asarray(tree.heads, dtype=np.int64)
+    parent_word = heads[word_index]
+    parent_mid = middle[parent_word].astype(np.float32)
+    is_first = pos == first[word_index]
+    parent_first = np.where(is_first, first[parent_word], first[word_index]).astype(np.int32)
+    return parent_first, parent_mid
+
+
+# ---------------------------------------------------------------------------
+# tree distances
+
+
+def _ancestors(parents: np.ndarray) -> np.ndarray:
+    """(n, n) bool, ``anc[i, j]`` iff j is i or an ancestor of i; a node with parent -1 or
+    itself is a top node. Pointer chasing is vectorised over nodes, so the Python loop runs
+    only as often as the tree is deep."""
+    n = parents.size
+    parents = np.where(parents < 0, np.arange(n), parents)
+    anc = np.eye(n, dtype=bool)
+    cur = np.arange(n)
+    for _ in range(n):
+        nxt = parents[cur]
+        if np.array_equal(nxt, cur):
+            return anc
+        anc[np.arange(n), nxt] = True
+        cur = nxt
+    raise DataError("the tree has a cycle")
+
+
+def tree_distances(heads: Sequence[int] | np.ndarray) -> np.ndarray:
+    """Undirected path lengths between all words of a tree (int32, n x n).
+
+    The ancestors of a node form a chain up to the root, so the ancestors two nodes share
+    are the chain above their lowest common ancestor: ``depth(lca) = shared - 1`` and
+    ``d(i, j) = depth(i) + depth(j) - 2 depth(lca)``. One matrix product, no pair loop.
+    A forest (several tops, ``-1`` heads) behaves as if its tops hung from one virtual root.
+    """
+    parents = np.asarray(heads, dtype=np.int64)
+    n = parents.size
+    if n == 0:
+        return np.zeros((0, 0), dtype=np.int32)
+    tops = (parents < 0) | (parents == np.arange(n))
+    if tops.sum() > 1:  # join the tops under a virtual node n, then drop it
+        joined = np.where(tops, n, parents)
+        return tree_distances(np.append(joined, n))[:n, :n]
+    anc = _ancestors(parents).astype(np.float32)
+    depth = anc.sum(axis=1) - 1.0
+    shared = anc @ anc.T
+    dist = depth[:, None] + depth[None, :] - 2.0 * (shared - 1.0)
+    return np.rint(dist).astype(np.int32)
+
+
+# ---------------------------------------------------------------------------
+# scenes at word level
+
+
+def scene_matrices(n_words: int, members: np.ndarray, parents: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Word-level ``scene_mask`` (bool) and ``scene_dist`` (float32), both (n_words, n_words).
+
+    Two words share a scene iff some scene holds both; a word in no scene keeps an all-True
+    row (SASA leaves it unmodified), while other words' rows keep it masked (they share no
+    scene with it). ``scene_dist`` is the distance in the scene tree between the words'
+    nearest scenes (minimum over the scenes each is in); 0 where a word has no scene.
+    """
+    members = np.asarray(members, dtype=np.int64).reshape(-1, 2)
+    n_scenes = int(np.asarray(parents).size)
+    member = np.zeros((n_words, max(n_scenes, 1)), dtype=bool)
+    if members.size:
+        member[members[:, 0], members[:, 1]] = True
+    member = member[:, :n_scenes]
+    in_none = ~member.any(axis=1)
+    mask = (member.astype(np.float32) @ member.T.astype(np.float32)) > 0
+    mask[in_none, :] = True
+    np.fill_diagonal(mask, True)
+    if n_scenes == 0:
+        return mask, np.zeros((n_words, n_words), dtype=np.float32)
+    sdist = tree_distances(np.asarray(parents)).astype(np.float32)
+    inf = np.float32(np.inf)
+    # nearest scene of word a to each scene t, then to each word b's scenes
+    to_scene = np.where(member[:, :, None], sdist[None, :, :], inf).min(axis=1)  # (words, scenes)
+    dist = np.where(member[None, :, :], to_scene[:, None, :], inf).min(axis=2)  # (words, words)
+    dist[~np.isfinite(dist)] = 0.0
+    return mask, dist.astype(np.float32)
+
+
+# ---------------------------------------------------------------------------
+# dense batch fields
+
+
+def _n_words(ex: Mapping[str, np.ndarray], word_index: np.ndarray) -> int:
+    """Word count of a stored sentence, whichever word-level arrays it has."""
+    for name in ("heads", "word_spans"):
+        if name in ex:
+            return len(ex[name])
+    members = np.asarray(ex.get("scene_members", np.zeros((0, 2))), dtype=np.int64).reshape(-1, 2)
+    return int(max(word_index.max(initial=-1), members[:, 0].max(initial=-1))) + 1
+
+
+def build_struct(
+    examples_side: Sequence[Mapping[str, np.ndarray]],
+    fields: set[str] | frozenset[str],
+    lengths: Sequence[int] | np.ndarray,
+    offset: int,
+    max_len: int,
+) -> dict[str, torch.Tensor]:
+    """The padded structure fields of one side of a batch (see ``batch.py`` for meanings).
+
+    ``examples_side[b]`` holds one sentence's stored arrays (``ids``, ``word_index``,
+    ``parent_first``, ``parent_mid``, ``heads``, ``labels``, ``scene_members``,
+    ``scene_parent``); ``lengths[b]`` is its sub-word count. Sub-word ``m`` sits at batch
+    position ``m + offset``: 0 for the source (EOS follows), 1 for the target (BOS first).
+    Only ``fields`` (plus ``valid``) are built; the O(L^2) ones come from word-level
+    matrices gathered with ``word_index``.
+    """
+    unknown = set(fields) - STRUCT_FIELDS
+    if unknown:
+        raise ValueError(f"unknown structure fields: {sorted(unknown)}")
+    B, L = len(examples_side), max_len
+    lengths = [int(n) for n in lengths]
+    if any(n + offset > L for n in lengths):
+        raise ValueError(f"max_len {L} is too short for {max(lengths)} sub-words at offset {offset}")
+    for name in fields - {"valid"}:
+        for need in _NEEDS[name]:
+            if any(need not in ex for ex in examples_side):
+                raise DataError(f"structure field {name!r} needs the stored {need!r}, which this dataset "
+                                "lacks (prepare it with a parser / scenes on this side)")
+    pos = np.arange(L)
+    valid = np.zeros((B, L), dtype=bool)
+    for b, n in enumerate(lengths):
+        valid[b, offset:offset + n] = True
+    out: dict[str, torch.Tensor] = {"valid": torch.from_numpy(valid)}
+
+    def per_token(name: str, default: np.ndarray, dtype: type, value) -> None:
+        if name not in fields:
+            return
+        arr = np.array(np.broadcast_to(default, (B, L)), dtype=dtype)
+        for b, (ex, n) in enumerate(zip(examples_side, lengths)):
+            arr[b, offset:offset + n] = value(ex, n)
+        out[name] = torch.from_numpy(arr)
+
+    per_token("word_index", np.int64(-1), np.int64, lambda ex, n: ex["word_index"][:n])
+    per_token("parent_first", pos, np.int64, lambda ex, n: np.asarray(ex["parent_first"][:n]) + offset)
+    per_token("parent_mid", pos, np.float32, lambda ex, n: np.asarray(ex["parent_mid"][:n]) + offset)
+    per_token("labels", np.int64(0), np.int64,
+              lambda ex, n: np.asarray(ex["labels"], dtype=np.int64)[np.asarray(ex["word_index"][:n])])
+
+    pair_fields = fields & {"dist", "scene_mask", "scene_dist"}
+    if pair_fields:
+        dist = np.zeros((B, L, L), dtype=np.float32) if "dist" in fields else None
+        smask = np.ones((B, L, L), dtype=bool) if "scene_mask" in fields else None
+        sdist = np.zeros((B, L, L), dtype=np.float32) if "scene_dist" in fields else None
+        for b, (ex, n) in enumerate(zip(examples_side, lengths)):
+            wi = np.asarray(ex["word_index"][:n], dtype=np.int64)
+            block = np.ix_(wi, wi)
+            cells = (b, slice(offset, offset + n), slice(offset, offset + n))
+            if dist is not None:
+                dist[cells] = tree_distances(np.asarray(ex["heads"]))[block]
+            if smask is not None or sdist is not None:
+                m, d = scene_matrices(_n_words(ex, wi), np.asarray(ex["scene_members"]),
+                                      np.asarray(ex["scene_parent"]))
+                if smask is not None:
+                    smask[cells] = m[block]
+                if sdist is not None:
+                    sdist[cells] = d[block]
+        for name, arr in (("dist", dist), ("scene_mask", smask), ("scene_dist", sdist)):
+            if arr is not None:
+                out[name] = torch.from_numpy(arr)
+    return out

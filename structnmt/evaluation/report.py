@@ -1,0 +1,195 @@
+"""One Markdown results table from several experiment directories.
+
+Each run directory holds ``run.json`` (command, versions, parameter count, method list),
+``log.jsonl`` (training log) and ``eval/<testset>.{hyp,ref,src,json}``. The table has one
+row per run and BLEU / chrF per test set; a dagger marks a BLEU score significantly better
+than the baseline run's on the same test set (paired bootstrap, p < 0.05, computed here from
+the ``.hyp``/``.ref`` files so the mark never depends on a number copied by hand). Below the
+table come the commands and library versions that produced each run.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from structnmt.errors import DataError
+from structnmt.evaluation.scores import check_parallel, corpus_scores
+from structnmt.evaluation.significance import paired_bootstrap
+from structnmt.io import atomic_write_text
+
+SIGNIFICANT = "†"
+ALPHA = 0.05
+VERSION_KEYS = ("python", "torch", "sacrebleu", "structnmt")
+
+
+def _read_json(path: Path) -> dict[str, Any] | None:
+    if not path.exists():
+        return None
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise DataError(f"not valid JSON ({err})", path) from None
+    if not isinstance(value, dict):
+        raise DataError("expected a JSON object", path)
+    return value
+
+
+def read_log(path: str | Path) -> list[dict[str, Any]]:
+    """The records of a ``log.jsonl`` training log (blank lines skipped)."""
+    path = Path(path)
+    records = []
+    try:
+        lines = path.read_text(encoding="utf-8").split("\n")
+    except FileNotFoundError:
+        raise DataError("file not found", path) from None
+    except UnicodeDecodeError as err:
+        raise DataError(f"not valid UTF-8 ({err.reason})", path) from None
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DataError(f"not valid JSON ({err.msg})", path, number) from None
+        if not isinstance(record, dict):
+            raise DataError("expected a JSON object", path, number)
+        records.append(record)
+    return records
+
+
+class _Run:
+    """What the report needs from one run directory."""
+
+    def __init__(self, path: Path):
+        if not path.is_dir():
+            raise DataError("run directory not found", path)
+        self.path = path
+        self.name = path.name
+        self.info = _read_json(path / "run.json") or {}
+        eval_dir = path / "eval"
+        self.test_sets = sorted(p.stem for p in eval_dir.glob("*.hyp")) if eval_dir.is_dir() else []
+        if not self.test_sets:
+            raise DataError("no evaluation outputs (expected eval/<testset>.hyp and .ref; "
+                            "run `structnmt test` first)", path)
+        log = path / "log.jsonl"
+        speeds = []
+        if log.exists():
+            speeds = [r["tgt_tokens_per_s"] for r in read_log(log)
+                      if r.get("kind") == "train" and isinstance(r.get("tgt_tokens_per_s"), (int, float))]
+        self.speed = sum(speeds) / len(speeds) if speeds else None
+        self._texts: dict[str, tuple[list[str], list[list[str]]]] = {}
+
+    def texts(self, test_set: str) -> tuple[list[str], list[list[str]]]:
+        if test_set not in self._texts:
+            base = self.path / "eval" / test_set
+            self._texts[test_set] = check_parallel(base.with_suffix(".hyp"), [base.with_suffix(".ref")],
+                                                   allow_empty=True)
+        return self._texts[test_set]
+
+    def scores(self, test_set: str) -> dict[str, Any]:
+        """BLEU/chrF from ``eval/<t>.json`` when written, else computed from the text files."""
+        stored = _read_json(self.path / "eval" / f"{test_set}.json")
+        if stored and all(isinstance(stored.get(k), (int, float)) for k in ("bleu", "chrf")):
+            return stored
+        return corpus_scores(*self.texts(test_set), metrics=("bleu", "chrf"))
+
+    def bleu_signature(self, test_set: str) -> str | None:
+        stored = _read_json(self.path / "eval" / f"{test_set}.json") or {}
+        signature = stored.get("signature")
+        if isinstance(signature, dict):
+            signature = signature.get("bleu")
+        return str(signature) if signature else None
+
+    @property
+    def methods(self) -> str:
+        method = self.info.get("method")
+        if isinstance(method, list):
+            return ", ".join(str(m) for m in method) or "transformer"
+        return str(method) if method else "–"
+
+
+def _format_params(n: Any) -> str:
+    if not isinstance(n, (int, float)):
+        return "–"
+    return f"{n / 1e6:.1f}M" if n >= 1e5 else f"{int(n):,}"
+
+
+def build_report(
+    run_dirs: list[Path],
+    baseline: str | None = None,
+    test_sets: list[str] | None = None,
+    out: Path | None = None,
+    n_samples: int = 1000,
+    seed: int = 12345,
+) -> str:
+    """The Markdown report of ``run_dirs``; written atomically to ``out`` when given.
+
+    ``baseline`` is the name (directory name) of one of the runs; ``test_sets`` defaults to
+    every test set any run has. A run missing a test set shows "–" in its cells.
+    """
+    if not run_dirs:
+        raise DataError("no run directories given")
+    runs = [_Run(Path(d)) for d in run_dirs]
+    names = [r.name for r in runs]
+    by_name = dict(zip(names, runs))
+    if baseline is not None and baseline not in by_name:
+        raise DataError(f"baseline run {baseline!r} is not among the runs ({', '.join(names)})")
+    available = sorted({t for r in runs for t in r.test_sets})
+    if test_sets is None:
+        test_sets = available
+    for t in test_sets:
+        if t not in available:
+            raise DataError(f"test set {t!r} has no eval/{t}.hyp in any run (found: {', '.join(available)})")
+    base = by_name.get(baseline) if baseline else None
+
+    header = ["Run", "Methods"]
+    for t in test_sets:
+        header += [f"{t} BLEU", f"{t} chrF"]
+    header += ["Params", "Train tgt tok/s"]
+    rows = [header, ["---"] * 2 + ["---:"] * (len(header) - 2)]
+    for run in runs:
+        row = [run.name + (" (baseline)" if run is base else ""), run.methods]
+        for t in test_sets:
+            if t not in run.test_sets:
+                row += ["–", "–"]
+                continue
+            scores = run.scores(t)
+            mark = ""
+            if base is not None and run is not base and t in base.test_sets:
+                hyps, refs = run.texts(t)
+                base_hyps, base_refs = base.texts(t)
+                if base_refs != refs:
+                    raise DataError(f"run {run.name} and baseline {base.name} have different references "
+                                    f"for test set {t!r}", run.path / "eval" / f"{t}.ref")
+                result = paired_bootstrap(base_hyps, hyps, refs, n_samples=n_samples, seed=seed)
+                mark = SIGNIFICANT if result.p_value < ALPHA else ""
+            row += [f"{scores['bleu']:.2f}{mark}", f"{scores['chrf']:.2f}"]
+        row += [_format_params(run.info.get("parameters")),
+                f"{run.speed:,.0f}" if run.speed is not None else "–"]
+        rows.append(row)
+
+    lines = ["# Results", ""]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines.append("")
+    if base is not None:
+        lines.append(f"{SIGNIFICANT}: BLEU better than the baseline ({base.name}) with p < {ALPHA} "
+                     f"(paired bootstrap, {n_samples} samples, seed {seed}).")
+        lines.append("")
+    signatures = sorted({sig for run in runs for t in test_sets if (sig := run.bleu_signature(t))})
+    if signatures:
+        lines += ["BLEU signature: " + "; ".join(f"`{s}`" for s in signatures), ""]
+    lines += ["## Commands", ""]
+    for run in runs:
+        lines.append(f"- {run.name}: `{run.info.get('command', '–')}`")
+    lines += ["", "## Versions", ""]
+    lines.append("| Run | " + " | ".join(VERSION_KEYS) + " |")
+    lines.append("|---" * (len(VERSION_KEYS) + 1) + "|")
+    for run in runs:
+        versions = run.info.get("versions") or {}
+        lines.append(f"| {run.name} | " + " | ".join(str(versions.get(k, "–")) for k in VERSION_KEYS) + " |")
+    text = "\n".join(lines) + "\n"
+    if out is not None:
+        atomic_write_text(out, text)
+    return text

@@ -1,0 +1,151 @@
+"""Corpus scores with sacreBLEU (BLEU, chrF, TER) and NLTK (RIBES), plus strict file reading.
+
+Scores are always computed on detokenised text with sacreBLEU's own tokenisation, and each
+comes with its sacreBLEU signature so that a figure in a table can be reproduced exactly.
+References follow sacreBLEU's layout: ``refs[k][n]`` is line ``n`` of reference stream ``k``
+(one stream per reference translation), so ``refs`` for a single reference is ``[ref_lines]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sacrebleu.metrics import BLEU, CHRF, TER
+
+from structnmt.errors import DataError
+
+METRICS = ("bleu", "chrf", "ter", "ribes")
+
+
+def read_text(path: str | Path) -> list[str]:
+    """Read a one-sentence-a-line UTF-8 file strictly.
+
+    Lines are split on ``\\n`` only (never on Unicode line separators, which can occur inside
+    a sentence and would shift every later line); a trailing ``\\r`` is removed. An undecodable
+    line raises :class:`DataError` with its 1-based number instead of being replaced silently.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise DataError("file not found", path) from None
+    except IsADirectoryError:
+        raise DataError("is a directory, not a text file", path) from None
+    raw_lines = data.split(b"\n")
+    if raw_lines and raw_lines[-1] == b"":
+        raw_lines.pop()
+    lines = []
+    for number, raw in enumerate(raw_lines, start=1):
+        try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise DataError(f"not valid UTF-8 (byte {err.start + 1} of the line: {err.reason})",
+                            path, number) from None
+        lines.append(line.removesuffix("\r"))
+    return lines
+
+
+def check_parallel(
+    hyp_path: str | Path, ref_paths: Sequence[str | Path], allow_empty: bool = False
+) -> tuple[list[str], list[list[str]]]:
+    """Read a hypothesis file and its reference file(s), checking they line up.
+
+    An empty hypothesis line is legal MT output, but in practice it nearly always means a
+    decoding failure or a shifted file, which inflates or deflates BLEU without any visible
+    sign; so it is an error unless ``allow_empty=True``. Returns ``(hyps, refs)`` with ``refs``
+    in sacreBLEU's layout (one list per reference file).
+    """
+    if not ref_paths:
+        raise DataError("no reference file given", hyp_path)
+    hyps = read_text(hyp_path)
+    refs = []
+    for ref_path in ref_paths:
+        ref = read_text(ref_path)
+        if len(ref) != len(hyps):
+            raise DataError(
+                f"{len(hyps)} hypothesis lines but {len(ref)} lines in reference {ref_path}", hyp_path
+            )
+        refs.append(ref)
+    if not allow_empty:
+        for number, hyp in enumerate(hyps, start=1):
+            if not hyp.strip():
+                raise DataError("empty hypothesis line (pass allow_empty=True if that is intended)",
+                                hyp_path, number)
+    return hyps, refs
+
+
+def make_metric(name: str, tokenize: str | None = None, trg_lang: str = "") -> BLEU | CHRF | TER:
+    """The sacreBLEU metric object for ``name`` with the project's (sacreBLEU default) settings."""
+    if name == "bleu":
+        return BLEU(tokenize=tokenize, trg_lang=trg_lang)
+    if name == "chrf":
+        return CHRF()
+    if name == "ter":
+        return TER()
+    raise ValueError(f"unknown sacreBLEU metric {name!r} (known: bleu, chrf, ter)")
+
+
+def _check_refs(hyps: Sequence[str], refs: Sequence[Sequence[str]]) -> None:
+    if not refs:
+        raise DataError("no references given")
+    if isinstance(refs[0], str):
+        raise TypeError("refs must be a list of reference streams, e.g. [ref_lines]")
+    for k, ref in enumerate(refs):
+        if len(ref) != len(hyps):
+            raise DataError(f"{len(hyps)} hypotheses but {len(ref)} lines in reference stream {k + 1}")
+
+
+def ribes(hyps: Sequence[str], refs: Sequence[Sequence[str]]) -> float:
+    """Corpus RIBES (Isozaki et al. 2010) on whitespace tokens, in 0–100.
+
+    RIBES rewards correct word order and is the usual second metric for Japanese-English
+    evaluation (WAT); give it tokenised text (e.g. MeCab output for Japanese), since it splits
+    on whitespace only.
+    """
+    from nltk.translate.ribes_score import corpus_ribes
+
+    _check_refs(hyps, refs)
+    references = [[ref[n].split() for ref in refs] for n in range(len(hyps))]
+    return 100.0 * float(corpus_ribes(references, [h.split() for h in hyps]))
+
+
+def corpus_scores(
+    hyps: Sequence[str],
+    refs: Sequence[Sequence[str]],
+    metrics: Sequence[str] = ("bleu", "chrf", "ter"),
+    tokenize: str | None = None,
+    trg_lang: str = "",
+) -> dict[str, Any]:
+    """Corpus-level scores, e.g. ``{"bleu": 34.1, "chrf": 60.2, "signature": {"bleu": "nrefs:1|..."}}``.
+
+    ``tokenize`` is BLEU's tokeniser (None: sacreBLEU's default, ``13a``, or the language's
+    default when ``trg_lang`` is ``zh``/``ja``/``ko``). Values are on sacreBLEU's 0–100 scale.
+    """
+    _check_refs(hyps, refs)
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown:
+        raise ValueError(f"unknown metric(s) {unknown} (known: {', '.join(METRICS)})")
+    result: dict[str, Any] = {"signature": {}}
+    for name in metrics:
+        if name == "ribes":
+            result["ribes"] = ribes(hyps, refs)
+            result["signature"]["ribes"] = "nltk.corpus_ribes|tok:whitespace|alpha:0.25|beta:0.1"
+            continue
+        metric = make_metric(name, tokenize, trg_lang)
+        result[name] = float(metric.corpus_score(list(hyps), [list(r) for r in refs]).score)
+        result["signature"][name] = str(metric.get_signature())
+    return result
+
+
+def score_files(
+    hyp_path: str | Path,
+    ref_paths: Sequence[str | Path],
+    metrics: Sequence[str] = ("bleu", "chrf", "ter"),
+    tokenize: str | None = None,
+    allow_empty: bool = False,
+) -> dict[str, Any]:
+    """:func:`check_parallel` then :func:`corpus_scores`: the scores of one system output file."""
+    hyps, refs = check_parallel(hyp_path, ref_paths, allow_empty=allow_empty)
+    return corpus_scores(hyps, refs, metrics=metrics, tokenize=tokenize)

@@ -1,0 +1,25 @@
+"""Shared fixtures: where ../shared lives, and tiny models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SHARED = ROOT.parent / "shared"
+
+
+def shared_path(*parts: str) -> Path:
+    """A file under ../shared, or skip the test when this checkout has none."""
+    path = SHARED.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"{path} is absent (a fresh clone has no ../shared)")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _seed_and_threads():
+    torch.manual_seed(0)
+    yield

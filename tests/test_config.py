@@ -1,0 +1,51 @@
+"""Configs are refused with a message that names the bad field."""
+
+from __future__ import annotations
+
+import pytest
+
+from structnmt.config import config_from_dict, load_config
+from structnmt.errors import ConfigError
+
+
+def test_unknown_field_is_named(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  d_modle: 256\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: model\.d_modle: unknown field"):
+        load_config(path)
+
+
+def test_wrong_type_is_named():
+    with pytest.raises(ConfigError, match=r"training\.max_tokens: expected an integer, got 'many'"):
+        config_from_dict({"training": {"max_tokens": "many"}})
+
+
+def test_heads_must_divide_model_size():
+    with pytest.raises(ConfigError, match=r"model\.n_heads: n_heads \(3\) must divide d_model \(256\)"):
+        config_from_dict({"model": {"n_heads": 3, "d_model": 256}})
+
+
+def test_bool_is_not_an_integer():
+    with pytest.raises(ConfigError, match="training.seed"):
+        config_from_dict({"training": {"seed": True}})
+
+
+def test_base_configs_are_merged(tmp_path):
+    (tmp_path / "base.yaml").write_text("model:\n  d_model: 64\n  n_heads: 4\ntraining:\n  lr: 0.01\n")
+    (tmp_path / "child.yaml").write_text("base: base.yaml\nmodel:\n  n_heads: 2\n")
+    cfg = load_config(tmp_path / "child.yaml")
+    assert (cfg.model.d_model, cfg.model.n_heads, cfg.training.lr) == (64, 2, 0.01)
+
+
+def test_invalid_yaml_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="config file not found"):
+        load_config(tmp_path / "nope.yaml")
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("model: [unclosed\n")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(bad)
+
+
+def test_unknown_method_and_layer_out_of_range():
+    with pytest.raises(ConfigError, match=r"model\.methods\[0\]\.name: unknown method 'nosuch'"):
+        config_from_dict({"model": {"methods": [{"name": "nosuch"}]}})

