@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import asdict
 from pathlib import Path
 
-from structnmt.config import DataConfig, ExperimentConfig
+from structnmt.config import CleanConfig, DataConfig, ExperimentConfig
 from structnmt.data.corpus import read_parallel
 from structnmt.data.dataset import DatasetWriter
 from structnmt.data.example import Example, Side
@@ -133,8 +133,11 @@ def _swap(tmp: Path, out: Path, cache_dir: Path) -> None:
 def _build(data: DataConfig, tmp: Path, cache_dir: Path, config_dict: dict, verbose: bool) -> dict:
     splits: dict[str, list[tuple[int, str, str]]] = {}
     reports: dict[str, dict[str, int]] = {}
+    # only the training split is filtered by length: evaluation sets stay whole, so that their
+    # scores are comparable with published ones
+    keep_all = CleanConfig(max_len=10**9, max_ratio=float("inf"), drop_bad_lines=data.clean.drop_bad_lines)
     for split, files in data.splits.items():
-        splits[split], reports[split] = read_parallel(files, data.clean)
+        splits[split], reports[split] = read_parallel(files, data.clean if split == data.train_split else keep_all)
     task_tag = TRANSLATE_TAG if data.multitask_parse else None
 
     # sub-word training text: the training split as the parser sees it (Moses-tokenised if on)

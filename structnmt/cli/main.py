@@ -1,0 +1,520 @@
+"""The ``structnmt`` command: one sub-command per step of an experiment.
+
+Every user-facing failure is a :class:`StructNMTError`; it is printed as one line
+(``error: FILE:LINE: what is wrong``) with exit status 2, never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from structnmt.errors import ConfigError, DataError, StructNMTError
+
+
+def _overrides(items: list[str]) -> dict[str, Any]:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"expected KEY=VALUE, got {item!r}", "--set")
+        out[key] = yaml.safe_load(value)
+    return out
+
+
+def _device(spec: str):
+    import torch
+
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
+
+
+# ---------------------------------------------------------------------------
+# prepare / train
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    from structnmt.config import ExperimentConfig, load_config
+    from structnmt.data.prepare import prepare
+
+    if args.config == "multi30k":
+        from structnmt.data.multi30k import build_multi30k
+
+        out = Path(args.out or f"data/multi30k_{args.pair.replace('-', '_')}")
+        data = build_multi30k(args.pair, out.parent / f"{out.name}_raw", Path(args.from_dir) if args.from_dir else None)
+        data.dir = str(out)
+        if args.parser:
+            data.src.parser.backend, data.src.parser.model = "spacy", args.parser
+        cfg = ExperimentConfig(data=data)
+    else:
+        cfg = load_config(args.config, _overrides(args.set))
+        if cfg.data is None:
+            raise ConfigError("this config has no data section", "data", args.config)
+    path = prepare(cfg, force=args.force)
+    print(f"dataset ready: {path}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from structnmt.config import load_config
+    from structnmt.training.trainer import train
+
+    cfg = load_config(args.config, _overrides(args.set))
+    if args.prepare and cfg.data is not None and not (Path(cfg.data.dir) / "meta.json").exists():
+        from structnmt.data.prepare import prepare
+
+        prepare(cfg)
+    summary = train(cfg, resume=args.resume)
+    print(yaml.safe_dump(summary, sort_keys=False), end="")
+    return 1 if summary.get("status") == "diverged" else 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from structnmt.training.checkpoint import write_averaged_checkpoint
+
+    out = write_averaged_checkpoint(args.checkpoints, args.out)
+    print(f"averaged {len(args.checkpoints)} checkpoints into {out}")
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# translate / test / evaluate
+
+
+def _load(checkpoint: str, dataset: str | None, device):
+    from structnmt.data.pipeline import Preprocessor
+    from structnmt.training.checkpoint import load_model
+
+    if dataset is None:
+        from structnmt.training.checkpoint import load_checkpoint
+
+        dataset = load_checkpoint(checkpoint)["config"]["data"]["dir"]
+    model, cfg, info = load_model(checkpoint, device, dataset_dir=dataset)
+    return model, cfg, Preprocessor.from_dataset(dataset), Path(dataset)
+
+
+def _decoding(cfg, args: argparse.Namespace):
+    import dataclasses
+
+    d = cfg.decoding
+    changes = {k: getattr(args, k) for k in ("beam", "length_penalty", "nbest", "max_len_a", "max_len_b")
+               if getattr(args, k, None) is not None}
+    out = dataclasses.replace(d, **changes)
+    out.validate("decoding")
+    return out
+
+
+def _labels(dataset_dir: Path) -> list[str]:
+    meta = json.loads((dataset_dir / "meta.json").read_text(encoding="utf-8"))
+    return meta.get("labels") or []
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from structnmt.data.corpus import read_lines
+    from structnmt.decoding.translate import translate_lines
+    from structnmt.io import atomic_open
+
+    device = _device(args.device)
+    model, cfg, pre, dataset = _load(args.checkpoint, args.dataset, device)
+    dcfg = _decoding(cfg, args)
+    if args.input in (None, "-"):
+        try:
+            lines = [line.rstrip("\r\n") for line in sys.stdin]
+        except UnicodeDecodeError as err:
+            raise DataError(f"standard input is not valid UTF-8 ({err.reason})", "<stdin>") from None
+    else:
+        lines = read_lines(args.input)
+    started = time.perf_counter()
+    outputs = translate_lines(model, pre, lines, dcfg, device, labels=_labels(dataset))
+    seconds = time.perf_counter() - started
+    text = "".join(
+        "".join((f"{i}\t{hyp}\n" if dcfg.nbest > 1 else f"{hyp}\n") for hyp in hyps)
+        for i, hyps in enumerate(outputs)
+    )
+    if args.output:
+        with atomic_open(args.output) as handle:
+            handle.write(text)
+    else:
+        sys.stdout.write(text)
+    print(f"translated {len(lines)} sentences in {seconds:.1f}s ({len(lines) / max(seconds, 1e-9):.1f} sent/s)",
+          file=sys.stderr)
+    return 0
+
+
+def test_run(run_dir: Path, checkpoint: str | None = None, splits: list[str] | None = None,
+             device: str = "auto", beam: int | None = None, quiet: bool = False) -> dict[str, dict]:
+    """Translate a run's test splits; write ``eval/<split>.{hyp,ref,src,json}``; return scores."""
+    import dataclasses
+
+    from structnmt.data.dataset import ParallelDataset
+    from structnmt.decoding.translate import translate_split
+    from structnmt.evaluation.scores import corpus_scores
+    from structnmt.io import atomic_write_text
+
+    if not run_dir.is_dir():
+        raise DataError("no such run directory", run_dir)
+    ckpt = Path(checkpoint) if checkpoint else run_dir / "best.pt"
+    if not ckpt.exists():
+        ckpt = run_dir / "last.pt"
+    dev = _device(device)
+    model, cfg, pre, dataset_dir = _load(str(ckpt), None, dev)
+    dcfg = cfg.decoding if beam is None else dataclasses.replace(cfg.decoding, beam=beam)
+    meta = json.loads((dataset_dir / "meta.json").read_text(encoding="utf-8"))
+    names = splits or [s for s in meta["splits"] if s not in (cfg.data.train_split, cfg.data.valid_split)]
+    results = {}
+    for split in names:
+        data = ParallelDataset(dataset_dir, split)
+        started = time.perf_counter()
+        hyps = translate_split(model, data, pre, dcfg, dev)
+        seconds = time.perf_counter() - started
+        refs = data.raw("tgt")
+        scores = corpus_scores(hyps, [refs], metrics=("bleu", "chrf"))
+        scores.update({"checkpoint": str(ckpt), "beam": dcfg.beam, "sentences": len(hyps), "seconds": seconds})
+        out = run_dir / "eval"
+        atomic_write_text(out / f"{split}.hyp", "".join(h + "\n" for h in hyps))
+        atomic_write_text(out / f"{split}.ref", "".join(r + "\n" for r in refs))
+        atomic_write_text(out / f"{split}.src", "".join(s + "\n" for s in data.raw("src")))
+        atomic_write_text(out / f"{split}.json", json.dumps(scores, indent=2) + "\n")
+        results[split] = scores
+        if not quiet:
+            print(f"{split}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({len(hyps)} sentences, "
+                  f"{seconds:.1f}s)  {scores['signature']['bleu']}")
+    return results
+
+
+def cmd_test(args: argparse.Namespace) -> int:
+    test_run(Path(args.run), args.checkpoint, args.splits, args.device, args.beam)
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from structnmt.evaluation.scores import check_parallel, corpus_scores
+
+    hyps, refs = check_parallel(args.hyp, args.ref, allow_empty=args.allow_empty)
+    scores = corpus_scores(hyps, refs, metrics=tuple(args.metrics), tokenize=args.tokenize)
+    for name in args.metrics:
+        print(f"{name.upper()} = {scores[name]:.2f}   {scores['signature'].get(name, '')}")
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# demo
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """Synthetic data -> prepare -> train -> beam search -> BLEU, in a few minutes on a CPU."""
+    from structnmt.config import config_from_dict
+    from structnmt.data.prepare import prepare
+    from structnmt.data.synthetic import demo_config, write_task
+    from structnmt.training.trainer import train
+
+    work = Path(args.work)
+    started = time.perf_counter()
+    sizes = {"train": args.train_size, "val": 300, "test": 500}
+    print(f"[demo] writing the synthetic task to {work / 'data'}")
+    write_task(work / "data", sizes=sizes, seed=args.seed)
+    raw = demo_config(work, args.minutes)
+    raw["training"]["seed"] = args.seed
+    raw["training"]["progress"] = sys.stderr.isatty()
+    for key, value in _overrides(args.set).items():
+        node = raw
+        *parents, last = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    cfg = config_from_dict(raw)
+    print("[demo] preparing the dataset (gold trees from CoNLL-U, SentencePiece)")
+    prepare(cfg, force=True)
+    run_dir = Path(cfg.training.out_dir)
+    if run_dir.exists():
+        import shutil
+
+        shutil.rmtree(run_dir)
+    print(f"[demo] training for up to {args.minutes:g} minutes")
+    train(cfg)
+    print("[demo] translating the test set with beam search")
+    results = test_run(run_dir, splits=["test"], device=cfg.training.device)
+    bleu = results["test"]["bleu"]
+    print(f"[demo] done in {(time.perf_counter() - started) / 60:.1f} min: test BLEU {bleu:.2f} "
+          f"(hypotheses in {run_dir / 'eval' / 'test.hyp'})")
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# reports, pictures, analyses, parsers
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from structnmt.evaluation.report import build_report
+
+    text = build_report([Path(r) for r in args.runs], args.baseline, args.test_sets,
+                        Path(args.out) if args.out else None, n_samples=args.samples)
+    if not args.out:
+        print(text)
+    else:
+        print(f"report written to {args.out}")
+    if args.plots:
+        _report_plots(args, Path(args.plots))
+    return 0
+
+
+def _report_plots(args: argparse.Namespace, out: Path) -> None:
+    from structnmt.evaluation.buckets import bleu_by_length
+    from structnmt.evaluation.scores import read_text
+    from structnmt.visualisation.curves import plot_training_curves
+    from structnmt.visualisation.lengths import plot_bleu_by_length
+
+    runs = [Path(r) for r in args.runs]
+    plot_training_curves({r.name: r for r in runs}, out / "curves.png")
+    test_set = (args.test_sets or [None])[0]
+    if test_set is None:
+        candidates = sorted(p.stem for p in (runs[0] / "eval").glob("*.hyp"))
+        test_set = candidates[0] if candidates else None
+    if test_set:
+        systems = {}
+        for r in runs:
+            e = r / "eval"
+            systems[r.name] = bleu_by_length(read_text(e / f"{test_set}.src"), read_text(e / f"{test_set}.hyp"),
+                                             [read_text(e / f"{test_set}.ref")])
+        plot_bleu_by_length(systems, out / f"bleu_by_length_{test_set}.png", title=f"BLEU by length: {test_set}")
+    print(f"pictures written to {out}")
+
+
+def cmd_plot_attention(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from structnmt.data.batching import collate_examples
+    from structnmt.visualisation.attention import plot_attention
+
+    model, cfg, pre, dataset = _load(args.checkpoint, args.dataset, _device("cpu"))
+    fields = model.structure_needs(inference=True)
+    fields["src"] |= {"word_index"}
+    with_tree = pre.parser("src", "translate") is not None
+    ex = pre.encode_sources([args.sentence], with_structure=with_tree)[0]
+    batch = collate_examples([ex], fields, _labels(dataset))
+    layer = args.layer - 1
+    key = ("encoder", layer, "self", "probs") if args.attention == "encoder" else ("decoder", layer, "cross", "probs")
+    import torch
+
+    from structnmt.data.batch import BOS_ID, Batch
+    from structnmt.decoding.search import beam_search
+
+    hyp = beam_search(model, batch, beam=cfg.decoding.beam)[0][0]
+    tgt_in = torch.tensor([[BOS_ID] + hyp.tokens])
+    full = Batch(batch.src, tgt_in, tgt_in, struct=batch.struct)
+    with torch.no_grad():
+        out = model(full, record={key})
+    weights = out.records[key][0, args.head].float().numpy()
+    src_tokens = [pre.subwords["src"].piece(int(i)) for i in batch.src[0]]
+    tgt_tokens = ["<s>"] + [pre.subwords["tgt"].piece(int(i)) for i in hyp.tokens]
+    arcs, scenes = None, None
+    if ex.src.tree is not None and args.attention == "encoder":
+        wi = np.asarray(ex.src.word_index)
+        first = {int(w): int(np.flatnonzero(wi == w)[0]) for w in np.unique(wi)}
+        arcs = [(first[d], first[h]) for d, h in enumerate(ex.src.tree.heads) if d != h]
+        if ex.src.scenes is not None:
+            groups: dict[int, list[int]] = {}
+            for word, scene in ex.src.scenes.members:
+                groups.setdefault(scene, []).extend(np.flatnonzero(wi == word).tolist())
+            scenes = [sorted(g) for g in groups.values()]
+    rows = src_tokens if args.attention == "encoder" else tgt_tokens
+    plot_attention(weights, rows, src_tokens, Path(args.out), arcs=arcs, scenes=scenes,
+                   title=f"{args.attention} layer {args.layer} head {args.head}")
+    print(f"attention map written to {args.out}")
+    return 0
+
+
+def cmd_plot_curves(args: argparse.Namespace) -> int:
+    from structnmt.visualisation.curves import plot_training_curves
+
+    plot_training_curves({Path(r).name: Path(r) for r in args.runs}, Path(args.out))
+    print(f"training curves written to {args.out}")
+    return 0
+
+
+def cmd_parser_train(args: argparse.Namespace) -> int:
+    from structnmt.parsers import train_ud_parser
+
+    if args.preset:
+        lang, files, dev, out = PARSER_PRESETS[args.preset]
+        shared = Path(args.shared)
+        args.lang = args.lang or lang
+        args.conllu = args.conllu or [str(shared / f) for f in files]
+        args.dev = args.dev or str(shared / dev)
+        args.out = args.out or out
+    missing = [name for name in ("lang", "conllu", "dev", "out") if not getattr(args, name)]
+    if missing:
+        raise ConfigError("missing (give it or use --preset)", f"--{missing[0]}")
+    path = train_ud_parser(args.lang, [Path(p) for p in args.conllu], Path(args.dev), Path(args.out),
+                           max_steps=args.steps)
+    print(f"parser written to {path}")
+    return 0
+
+
+def cmd_parser_evaluate(args: argparse.Namespace) -> int:
+    from structnmt.parsers.ud_eval import evaluate_parser, format_scores
+
+    scores = evaluate_parser(args.model, Path(args.conllu), quiet=True)
+    print(format_scores(scores))
+    return 0
+
+
+#: training data of the UD parsers the recipes use (files under ../shared/data/ud)
+PARSER_PRESETS = {
+    "en_ud": ("en", ["en_ewt-ud-dev.conllu", "en_gum-ud-dev.conllu"], "en_gum-ud-test.conllu", "parsers/en_ud"),
+    "de_ud": ("de", ["de_gsd-ud-dev.conllu"], "de_gsd-ud-test.conllu", "parsers/de_ud"),
+}
+
+
+def cmd_methods(args: argparse.Namespace) -> int:
+    from structnmt.model.methods import METHODS, _discover, method_params_doc
+
+    _discover()
+    for name in sorted(METHODS):
+        cls = METHODS[name]
+        doc = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        print(f"{name}: {doc}")
+        if args.verbose:
+            print(f"    needs {dict(cls.needs) or '-'}; at translation {dict(cls.needs_at_inference) or '-'}")
+            print(f"    defaults {method_params_doc(name)}")
+    return 0
+
+
+# ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="structnmt", description="Structure-aware neural machine translation.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("prepare", help="raw parallel text -> parsed, sub-worded dataset directory")
+    s.add_argument("config", help="experiment YAML, or the word 'multi30k'")
+    s.add_argument("--pair", default="en-de", help="multi30k: language pair (en-de, en-fr)")
+    s.add_argument("--from", dest="from_dir", help="multi30k: local copy of the raw files (else download)")
+    s.add_argument("--out", help="multi30k: dataset directory")
+    s.add_argument("--parser", help="multi30k: spaCy model (name or path) for the source trees")
+    s.add_argument("--force", action="store_true", help="rebuild even if the dataset exists")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    s.set_defaults(func=cmd_prepare)
+
+    s = sub.add_parser("train", help="train a model from an experiment YAML")
+    s.add_argument("config")
+    s.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint")
+    s.add_argument("--prepare", action="store_true", help="run prepare first if the dataset is missing")
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a field, e.g. training.max_steps=100")
+    s.set_defaults(func=cmd_train)
+
+    s = sub.add_parser("average", help="average checkpoints")
+    s.add_argument("checkpoints", nargs="+")
+    s.add_argument("--out", required=True)
+    s.set_defaults(func=cmd_average)
+
+    def decoding_options(s: argparse.ArgumentParser) -> None:
+        s.add_argument("--beam", type=int)
+        s.add_argument("--length-penalty", dest="length_penalty", type=float)
+        s.add_argument("--nbest", type=int)
+        s.add_argument("--max-len-a", dest="max_len_a", type=float)
+        s.add_argument("--max-len-b", dest="max_len_b", type=int)
+        s.add_argument("--device", default="auto")
+
+    s = sub.add_parser("translate", help="translate a file or standard input")
+    s.add_argument("--checkpoint", required=True)
+    s.add_argument("--input", help="raw source text, one sentence a line (default: standard input)")
+    s.add_argument("--output", help="default: standard output")
+    s.add_argument("--dataset", help="dataset directory (default: the one the model was trained on)")
+    decoding_options(s)
+    s.set_defaults(func=cmd_translate)
+
+    s = sub.add_parser("test", help="translate and score a run's test splits (writes RUN/eval/)")
+    s.add_argument("run")
+    s.add_argument("--checkpoint")
+    s.add_argument("--splits", nargs="*")
+    s.add_argument("--beam", type=int)
+    s.add_argument("--device", default="auto")
+    s.set_defaults(func=cmd_test)
+
+    s = sub.add_parser("evaluate", help="score detokenised hypotheses with sacreBLEU")
+    s.add_argument("--hyp", required=True)
+    s.add_argument("--ref", required=True, action="append")
+    s.add_argument("--metrics", nargs="+", default=["bleu", "chrf"], choices=["bleu", "chrf", "ter"])
+    s.add_argument("--tokenize", help="sacreBLEU tokeniser (default: 13a)")
+    s.add_argument("--allow-empty", action="store_true", help="accept empty hypothesis lines")
+    s.set_defaults(func=cmd_evaluate)
+
+    s = sub.add_parser("demo", help="the whole pipeline on the built-in synthetic task")
+    s.add_argument("--work", default="demo", help="working directory (data, dataset, run)")
+    s.add_argument("--minutes", type=float, default=5.0)
+    s.add_argument("--train-size", dest="train_size", type=int, default=20000)
+    s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    s.set_defaults(func=cmd_demo)
+
+    s = sub.add_parser("report", help="one Markdown table over several runs, with significance marks")
+    s.add_argument("runs", nargs="+")
+    s.add_argument("--baseline", help="the run (directory name) the others are tested against")
+    s.add_argument("--test-sets", dest="test_sets", nargs="*")
+    s.add_argument("--out")
+    s.add_argument("--plots", help="also draw training curves and BLEU by length into this directory")
+    s.add_argument("--samples", type=int, default=1000, help="bootstrap samples")
+    s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("plot", help="pictures")
+    psub = s.add_subparsers(dest="what", required=True)
+    a = psub.add_parser("attention", help="attention heat map of one sentence, with arcs or scenes")
+    a.add_argument("--checkpoint", required=True)
+    a.add_argument("--sentence", required=True)
+    a.add_argument("--attention", choices=["encoder", "cross"], default="encoder")
+    a.add_argument("--layer", type=int, default=1, help="1-based")
+    a.add_argument("--head", type=int, default=0, help="0-based")
+    a.add_argument("--dataset")
+    a.add_argument("--out", required=True)
+    a.set_defaults(func=cmd_plot_attention)
+    c = psub.add_parser("curves", help="training curves of several runs")
+    c.add_argument("runs", nargs="+")
+    c.add_argument("--out", required=True)
+    c.set_defaults(func=cmd_plot_curves)
+
+    s = sub.add_parser("parser", help="train and evaluate Universal Dependencies parsers")
+    psub = s.add_subparsers(dest="what", required=True)
+    t = psub.add_parser("train")
+    t.add_argument("--preset", choices=sorted(PARSER_PRESETS), help="the recipes' parsers, from ../shared/data/ud")
+    t.add_argument("--shared", default="../shared/data/ud")
+    t.add_argument("--lang")
+    t.add_argument("--conllu", nargs="+")
+    t.add_argument("--dev")
+    t.add_argument("--out")
+    t.add_argument("--steps", type=int, default=1500)
+    t.set_defaults(func=cmd_parser_train)
+    e = psub.add_parser("evaluate")
+    e.add_argument("model")
+    e.add_argument("--conllu", required=True)
+    e.set_defaults(func=cmd_parser_evaluate)
+
+    s = sub.add_parser("methods", help="list the structure-aware methods and their defaults")
+    s.add_argument("-v", "--verbose", action="store_true")
+    s.set_defaults(func=cmd_methods)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except StructNMTError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

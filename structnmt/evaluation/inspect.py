@@ -1,0 +1,217 @@
+"""What a trained model's structure-aware heads say, at word level (``structnmt inspect``).
+
+* :func:`dbsa_trees`: the dependency tree a DBSA/SISA/SyncAttn head induces (UAS against the
+  parser with :func:`structnmt.evaluation.trees.uas`);
+* :func:`lpsi_trees`: the binary phrase structure of LPSI's syntactic distances (UF with
+  :func:`structnmt.evaluation.trees.unlabeled_f1`);
+* :func:`cross_attention_alignments`: word alignments from cross-attention (AER with
+  :func:`structnmt.evaluation.alignment.aer`).
+
+Every function runs teacher-forced passes (the gold target is fed, as the papers do for
+analyses), in eval mode and without gradients, over batches whose structure dicts carry
+``word_index`` for the sides read (sub-word models are analysed at word level). Results come
+in example order: sorted by ``Batch.index`` when every batch has one, else in the order read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from structnmt.data.batch import Batch
+from structnmt.errors import DataError
+from structnmt.evaluation.alignment import (
+    Link,
+    alignments_from_attention,
+    grow_diag_final,
+    word_level_attention,
+)
+from structnmt.evaluation.trees import Span, decode_tree_from_scores, tree_from_distances
+from structnmt.model.methods.base import RecordKey
+from structnmt.model.transformer import Transformer
+
+LOG_FLOOR = 1e-9
+STACKS = {"src": "encoder", "tgt": "decoder"}
+
+
+def _sites(model: Transformer, names: tuple[str, ...], side: str) -> list[int]:
+    """0-based self-attention layers of ``side`` where a method called one of ``names`` acts."""
+    stack = STACKS[side]
+    layers = {site.layer for m in model.methods if m.name in names
+              for site in m.sites() if site.stack == stack and site.attention == "self"}
+    return sorted(layers)
+
+
+def _run(model: Transformer, batches: Iterable[Batch], record: set[RecordKey]):
+    """Yield (batch, records) of teacher-forced passes, in eval mode without gradients."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        with torch.no_grad():
+            for batch in batches:
+                batch = batch.to(device)
+                yield batch, model(batch, record=record).records
+    finally:
+        model.train(was_training)
+
+
+def _word_index(batch: Batch, side: str) -> Tensor:
+    fields = batch.struct.get(side, {})
+    if "word_index" not in fields:
+        raise DataError(f"the batches carry no {side} word_index: build them with the word_index field")
+    return fields["word_index"]
+
+
+def _in_order(items: list[tuple[int | None, object]]) -> list:
+    if items and all(index is not None for index, _ in items):
+        items = sorted(items, key=lambda pair: pair[0])  # type: ignore[arg-type, return-value]
+    return [value for _, value in items]
+
+
+def _indices(batch: Batch) -> list[int | None]:
+    return batch.index.tolist() if batch.index is not None else [None] * batch.size
+
+
+def _words(word_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """First and last sub-word position of each word (words numbered 0..n−1)."""
+    n = int(word_index.max()) + 1 if (word_index >= 0).any() else 0
+    first = np.full(n, -1)
+    last = np.full(n, -1)
+    for pos, w in enumerate(word_index):
+        if w >= 0:
+            if first[w] < 0:
+                first[w] = pos
+            last[w] = pos
+    if (first < 0).any():
+        raise DataError("a word has no sub-word in word_index (words must be numbered 0..n-1)")
+    return first, last
+
+
+def dbsa_trees(model: Transformer, batches: Iterable[Batch], side: Literal["src", "tgt"] = "src",
+               layer: int | None = None) -> list[list[int]]:
+    """Per sentence, the word-level heads (root: itself) induced by a supervised head.
+
+    The recorded ``"dbsa"`` weights (mean over the method's heads) are read between the first
+    sub-words of words (what ``parent_first`` trained them on): ``scores[w, h] = log A[first(w),
+    first(h)]``, decoded into a well-formed tree by
+    :func:`~structnmt.evaluation.trees.decode_tree_from_scores` (each word's best parent
+    whenever those already form a tree). ``layer`` is 0-based; default the method's first.
+    """
+    layers = _sites(model, ("dbsa", "sisa", "syncattn"), side)
+    if not layers:
+        raise ValueError(f"the model has no DBSA/SISA/SyncAttn head on the {side} side")
+    key = (STACKS[side], layers[0] if layer is None else layer, "self", "dbsa")
+    out: list[tuple[int | None, object]] = []
+    for batch, records in _run(model, batches, {key}):
+        attn = records[key].float().mean(1).cpu().numpy()  # (B, L, L)
+        word_index = _word_index(batch, side).cpu().numpy()
+        for b, index in enumerate(_indices(batch)):
+            first, _ = _words(word_index[b])
+            if len(first) == 0:
+                out.append((index, []))
+                continue
+            scores = np.log(np.maximum(attn[b][np.ix_(first, first)], LOG_FLOOR))
+            out.append((index, decode_tree_from_scores(scores)))
+    return _in_order(out)
+
+
+@dataclass
+class InducedTree:
+    distances: list[float]  # one per word: the distance at the word's last sub-word
+    brackets: list[Span]
+
+
+def lpsi_trees(model: Transformer, batches: Iterable[Batch], side: Literal["src", "tgt"] = "src",
+               layer: int | None = None) -> list[InducedTree]:
+    """Per sentence, the phrase structure of LPSI's distances (``layer`` 0-based; default the first).
+
+    A token's distance belongs to the boundary after it (the paper's span (i, i+1)), so a word's
+    distance is the one at its *last* sub-word: the boundary between the word and the next.
+    The tree splits top-down at the largest of the first n−1 word distances (Shen et al. 2018).
+    Distances are the mean over the layer's gated heads.
+    """
+    layers = _sites(model, ("lpsi",), side)
+    if not layers:
+        raise ValueError(f"the model has no LPSI layer on the {side} side")
+    key = (STACKS[side], layers[0] if layer is None else layer, "self", "distance")
+    out: list[tuple[int | None, object]] = []
+    for batch, records in _run(model, batches, {key}):
+        dist = records[key].float().mean(1).cpu().numpy()  # (B, L)
+        word_index = _word_index(batch, side).cpu().numpy()
+        for b, index in enumerate(_indices(batch)):
+            _, last = _words(word_index[b])
+            words = [float(x) for x in dist[b][last]]
+            out.append((index, InducedTree(words, tree_from_distances(words[:-1]) if words else [])))
+    return _in_order(out)
+
+
+@dataclass
+class SentenceAlignment:
+    tgt2src: set[Link]  # each target word's most-attended source word
+    src2tgt: set[Link]  # each source word's most-attending target word
+    symmetrised: set[Link]  # grow-diag-final of the two
+
+
+def _attention_rows(tgt_word_index: np.ndarray, rows: str) -> np.ndarray:
+    """The target word of every decoder row: the word it predicts (Garg et al.) or the one it reads."""
+    if rows == "read":
+        return tgt_word_index
+    return np.concatenate([tgt_word_index[1:], [-1]])  # row r predicts the token at tgt_in position r + 1
+
+
+def _word_attention(model: Transformer, batches: Iterable[Batch], layer: int | None,
+                    rows: str) -> list[tuple[int | None, np.ndarray]]:
+    layer = model.cfg.dec_layers - 2 if layer is None else layer
+    layer = max(layer, 0)
+    key = ("decoder", layer, "cross", "probs")
+    out = []
+    for batch, records in _run(model, batches, {key}):
+        attn = records[key].float().mean(1).cpu().numpy()  # (B, J, I)
+        src_wi = _word_index(batch, "src").cpu().numpy()
+        tgt_wi = _word_index(batch, "tgt").cpu().numpy()
+        for b, index in enumerate(_indices(batch)):
+            out.append((index, word_level_attention(attn[b], src_wi[b], _attention_rows(tgt_wi[b], rows))))
+    return out
+
+
+def cross_attention_alignments(
+    model: Transformer, batches: Iterable[Batch], layer: int | None = None,
+    reverse_model: Transformer | None = None, reverse_batches: Iterable[Batch] | None = None,
+    rows: Literal["predict", "read"] = "predict",
+) -> list[SentenceAlignment]:
+    """Word alignments (source word, target word) from the cross-attention of decoder ``layer``.
+
+    ``layer`` is 0-based; default the penultimate one (Garg et al. 2019). Attention is averaged
+    over heads and reduced to words (mean over sub-word cells). Target→source links are each
+    target word's argmax over source words, read from the decoder row that *predicts* the word
+    (Garg et al.; ``rows="read"``: the row that reads it, Chen et al. 2020's shift).
+
+    The LPSI paper's second direction and its symmetrisation come from a second model trained
+    in the reverse direction: pass it as ``reverse_model`` with ``reverse_batches`` (the same
+    sentences in the same order, sides swapped); its target→source links, flipped, are the
+    source→target ones. With one model, source→target is each source word's argmax over the
+    target rows of the same matrix. Either way ``symmetrised`` is grow-diag-final.
+    """
+    forward = _word_attention(model, batches, layer, rows)
+    if reverse_model is not None:
+        if reverse_batches is None:
+            raise ValueError("reverse_model needs reverse_batches (the same sentences with sides swapped)")
+        backward = _word_attention(reverse_model, reverse_batches, layer, rows)
+        if len(backward) != len(forward):
+            raise DataError(f"{len(forward)} sentences forwards but {len(backward)} in reverse")
+    out: list[tuple[int | None, object]] = []
+    for n, (index, attn) in enumerate(forward):
+        t2s = alignments_from_attention(attn, "tgt2src") if attn.size else set()
+        if reverse_model is None:
+            s2t = alignments_from_attention(attn, "src2tgt") if attn.size else set()
+        else:
+            rev = backward[n][1]  # (I_w, J_w): rows are this model's source words
+            s2t = {(j, i) for i, j in alignments_from_attention(rev, "tgt2src")} if rev.size else set()
+        out.append((index, SentenceAlignment(t2s, s2t, grow_diag_final(s2t, t2s))))
+    return _in_order(out)

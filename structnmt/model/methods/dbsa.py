@@ -1,0 +1,143 @@
+"""Dependency-based self-attention (DBSA; Deguchi et al. 2019, as used in syncattn-deguchi2021 §3).
+
+One head of a self-attention layer scores keys with a learned bilinear form,
+``S = Q U Kᵀ / √d`` instead of ``Q Kᵀ / √d``; its softmax row ``t`` is read as the
+distribution over the syntactic head of token ``t`` and trained with
+
+    L_dep = −Σ_t log A[t, parent_first[t]]      (sum over real sub-words, weighted by λ_dep)
+
+on the source (encoder) and/or the target (decoder) side. The head *is* the parser, so the
+trees are needed in training only: at translation time the head runs as it learned to and no
+structure field is read.
+
+Choices the paper leaves open:
+
+* The bilinear form replaces the head's scoring function for every row and column, special
+  tokens included (unlike the parameter-free methods, which leave special-token cells alone):
+  the head must compute the same function in training, where ``valid`` exists, and in
+  translation, where target fields never do. Only the *loss* reads ``valid``.
+* The decoder head is causally masked, so a target token whose parent lies in the future
+  (``parent_first[t] > t`` in ``tgt_in`` positions) cannot attend to it; such tokens are left
+  out of ``L_dep``.
+* ``U`` starts as the identity, so the head starts as an ordinary dot-product head.
+* ``L_dep`` is a sum over tokens (like the translation loss before the trainer divides it by
+  the batch's target tokens) and is added in training only.
+
+The same plug-in serves SISA (``sisa.py``) and the DBSA heads that SyncAttn synchronises
+(``syncattn.py``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import torch
+from torch import Tensor, nn
+
+from structnmt.errors import ConfigError
+from structnmt.model.methods.base import (
+    AttentionContext,
+    AttentionPlugin,
+    Method,
+    MethodParams,
+    Site,
+    register,
+)
+
+Side = Literal["src", "tgt"]
+STACK_OF_SIDE: dict[str, str] = {"src": "encoder", "tgt": "decoder"}
+EPS = 1e-9  # floor for log A: a head can put (numerically) zero mass on the gold parent early in training
+
+
+class BiaffineHeadPlugin(AttentionPlugin):
+    """Bilinear scores ``Q U Kᵀ/√d`` in ``heads`` (one ``U`` per head), supervised with ``parent_first``."""
+
+    def __init__(self, heads: list[int], d_head: int, loss_name: str, weight: float) -> None:
+        super().__init__(heads)
+        self.d_head = d_head
+        self.loss_name = loss_name
+        self.weight = weight
+        self.U = nn.Parameter(torch.eye(d_head).repeat(len(heads), 1, 1))  # (H', d, d)
+
+    def scores(self, s: Tensor, ctx: AttentionContext) -> Tensor:
+        assert ctx.q is not None and ctx.k is not None
+        idx = self.head_index(s.device)
+        q = ctx.q.index_select(1, idx)  # (B, H', I, d)
+        k = ctx.k.index_select(1, idx)  # (B, H', J, d)
+        qu = torch.matmul(q, self.U.to(q.dtype))
+        bilinear = torch.matmul(qu, k.transpose(-1, -2)) / math.sqrt(self.d_head)
+        return s.index_copy(1, idx, bilinear.to(s.dtype))
+
+    def probs(self, a: Tensor, ctx: AttentionContext) -> Tensor:
+        heads = a.index_select(1, self.head_index(a.device))  # (B, H', I, J)
+        ctx.record("dbsa", heads)
+        fields = ctx.side()
+        if ctx.training and "parent_first" in fields and "valid" in fields:
+            ctx.add_loss(self.loss_name, self.weight * dependency_nll(heads, fields["parent_first"],
+                                                                       fields["valid"], causal=ctx.causal))
+        return a
+
+
+def dependency_nll(heads: Tensor, parent_first: Tensor, valid: Tensor, causal: bool) -> Tensor:
+    """``−Σ log A[t, parent_first[t]]`` over valid tokens and heads (teacher-forced: rows = all positions).
+
+    With ``causal``, tokens whose parent comes later than themselves are skipped: a causally
+    masked head cannot attend there.
+    """
+    b, h, i, j = heads.shape
+    parent = parent_first[:, :i].clamp(0, j - 1)
+    picked = heads.gather(-1, parent[:, None, :, None].expand(b, h, i, 1)).squeeze(-1)  # (B, H', I)
+    keep = valid[:, :i]
+    if causal:
+        keep = keep & (parent_first[:, :i] <= torch.arange(i, device=heads.device))
+    logp = picked.float().clamp_min(EPS).log()
+    return -(logp * keep[:, None, :].to(logp.dtype)).sum()
+
+
+@dataclass
+class DBSAParams(MethodParams):
+    layers: list[int] = field(default_factory=lambda: [1])  # l_dep = 1 (the paper's setting)
+    heads: list[int] | int | str = field(default_factory=lambda: [0])  # one head
+    sides: list[Side] = field(default_factory=lambda: ["src", "tgt"])  # encoder (src) and/or decoder (tgt)
+    lambda_dep: float = 0.5
+
+    def validate(self, where: str) -> None:
+        if not self.sides or len(set(self.sides)) != len(self.sides):
+            raise ConfigError("name each side once: [src], [tgt] or [src, tgt]", f"{where}.sides")
+        if self.attention != "self":
+            raise ConfigError("DBSA heads live in self-attention", f"{where}.attention")
+        if self.lambda_dep < 0:
+            raise ConfigError("must not be negative", f"{where}.lambda_dep")
+
+
+@register("dbsa")
+class DBSA(Method):
+    """A supervised bilinear head per side; ``stack`` is unused (``sides`` says where)."""
+
+    Params = DBSAParams
+    adds_parameters = True
+    loss_prefix = "dbsa"
+
+    def __init__(self, params: DBSAParams, model_cfg) -> None:
+        super().__init__(params, model_cfg)
+        self.p: DBSAParams = params
+        for side in self.p.sides:
+            depth = model_cfg.enc_layers if side == "src" else model_cfg.dec_layers
+            for layer in self.p.layers:
+                if not 1 <= layer <= depth:
+                    stack = STACK_OF_SIDE[side]
+                    raise ConfigError(f"layer {layer} is outside the {stack}'s layers 1..{depth}", "layers")
+        # the fields depend on the configured sides, so they are per instance
+        self.needs = {side: ("valid", "parent_first") for side in self.p.sides}
+        self.needs_at_inference = {}
+
+    def sites(self) -> list[Site]:
+        return [Site(STACK_OF_SIDE[side], "self", layer - 1)  # type: ignore[arg-type]
+                for side in self.p.sides for layer in self.p.layers]
+
+    def make_plugin(self, site: Site) -> AttentionPlugin:
+        d_head = self.model_cfg.d_model // self.model_cfg.n_heads
+        return BiaffineHeadPlugin(self.head_list(), d_head, f"{self.loss_prefix}_{site.struct_side}",
+                                  self.p.lambda_dep)

@@ -1,0 +1,93 @@
+"""Synchronous syntactic attention (SyncAttn; syncattn-deguchi2021 §4).
+
+DBSA heads on both sides (encoder matrix ``E``, I×I; decoder matrix ``D``, J×J) are tied
+together through the cross-attention ``C`` (J×I) of decoder layer ``l_sync``:
+
+    D_mapped = C E Cᵀ,   D′ = softmax(causal_mask(D_mapped)),   L_sync = Σ_{t,q} (D′_tq − D_tq)²
+
+summed over the cells a causal decoder row may see (q ≤ t) in non-padding rows and columns,
+weighted by λ_sync. ``C`` is the mean over ``sync_heads`` of that layer's cross-attention.
+
+Design choice: a ``syncattn`` entry installs its own DBSA heads (same plug-in as
+``dbsa.py``, layer ``layers`` = l_dep on both sides, losses ``dbsa_src`` / ``dbsa_tgt``), so
+one config entry is the whole method. Do not add a separate ``dbsa`` entry for the same
+heads. ``L_sync`` is computed in every teacher-forced pass (training and validation): it needs
+no structure fields, only the model's own attention.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from structnmt.errors import ConfigError
+from structnmt.model.methods.base import RecordKey, register
+from structnmt.model.methods.dbsa import DBSA, DBSAParams, Side
+
+
+@dataclass
+class SyncAttnParams(DBSAParams):
+    sides: list[Side] = field(default_factory=lambda: ["src", "tgt"])
+    sync_layer: int | None = None  # 1-based decoder layer of C; None: the penultimate (5 of 6 in the paper)
+    sync_heads: list[int] | int | str = "all"  # cross-attention heads averaged into C
+    lambda_sync: float = 1.0  # tuned in {0.01, 0.05, 0.1, 0.5, 1, 5, 10} in the paper
+
+    def validate(self, where: str) -> None:
+        super().validate(where)
+        if sorted(self.sides) != ["src", "tgt"]:
+            raise ConfigError("SyncAttn needs DBSA heads on both sides: [src, tgt]", f"{where}.sides")
+        if len(self.layers) != 1:
+            raise ConfigError("give one l_dep layer", f"{where}.layers")
+        if self.lambda_sync < 0:
+            raise ConfigError("must not be negative", f"{where}.lambda_sync")
+
+
+@register("syncattn")
+class SyncAttn(DBSA):
+    Params = SyncAttnParams
+
+    def __init__(self, params: SyncAttnParams, model_cfg) -> None:
+        super().__init__(params, model_cfg)
+        self.p: SyncAttnParams = params
+        depth = model_cfg.dec_layers
+        self.sync_layer = params.sync_layer if params.sync_layer is not None else max(1, depth - 1)
+        if not 1 <= self.sync_layer <= depth:
+            raise ConfigError(f"layer {self.sync_layer} is outside the decoder's layers 1..{depth}",
+                              "sync_layer")
+        heads = params.sync_heads
+        n = model_cfg.n_heads
+        self.sync_head_list = list(range(n)) if heads == "all" else (
+            list(range(heads)) if isinstance(heads, int) else list(heads))
+        if not self.sync_head_list or not all(0 <= h < n for h in self.sync_head_list):
+            raise ConfigError(f"heads must lie in 0..{n - 1}", "sync_heads")
+
+    def _keys(self) -> tuple[RecordKey, RecordKey, RecordKey]:
+        layer = self.p.layers[0] - 1
+        return (("encoder", layer, "self", "dbsa"), ("decoder", layer, "self", "dbsa"),
+                ("decoder", self.sync_layer - 1, "cross", "probs"))
+
+    def records(self) -> set[RecordKey]:
+        return set(self._keys())
+
+    def loss(self, records: dict[RecordKey, Tensor], batch_struct: dict[str, dict[str, Tensor]],
+             pads: dict[str, Tensor]) -> dict[str, Tensor]:
+        enc_key, dec_key, cross_key = self._keys()
+        if not all(k in records for k in (enc_key, dec_key, cross_key)):
+            return {}
+        e = records[enc_key].float().mean(1)  # (B, I, I)
+        d = records[dec_key].float().mean(1)  # (B, J, J)
+        idx = torch.tensor(self.sync_head_list, device=d.device)
+        c = records[cross_key].index_select(1, idx).float().mean(1)  # (B, J, I)
+        return {"syncattn": self.p.lambda_sync * sync_loss(e, d, c, pads["tgt"])}
+
+
+def sync_loss(e: Tensor, d: Tensor, c: Tensor, tgt_pad: Tensor) -> Tensor:
+    """``Σ (softmax(causal_mask(C E Cᵀ)) − D)²`` over causal, non-padding cells, summed over the batch."""
+    j = d.size(-1)
+    mapped = c @ e @ c.transpose(-1, -2)  # (B, J, J)
+    seen = torch.ones(j, j, dtype=torch.bool, device=d.device).tril()[None] & ~tgt_pad[:, None, :]
+    mapped_probs = torch.softmax(mapped.masked_fill(~seen, float("-inf")), dim=-1)
+    cells = seen & ~tgt_pad[:, :, None]
+    return ((mapped_probs - d) ** 2).masked_fill(~cells, 0.0).sum()

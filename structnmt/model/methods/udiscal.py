@@ -1,0 +1,62 @@
+"""UDISCAL: UD-distance-scaled attention weights (Slobodkin et al., the SASA paper's syntactic variant).
+
+PASCAL looks only at the parent; UDISCAL weighs every token by its tree distance. Unlike
+PASCAL and Deps-SAN it acts *after* the softmax and does not renormalise, so a row's
+weights sum to less than 1 (the head passes on less of the far context):
+
+    Ã_ij = A_ij · N(dist[i, j]; σ²),   σ² = 1
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from structnmt.model.methods.base import (
+    AttentionContext,
+    AttentionPlugin,
+    Method,
+    MethodParams,
+    Site,
+    register,
+)
+from structnmt.model.methods.pascal import check_range, check_site, head_mask, normal_density, valid_pairs
+
+
+@dataclass
+class UdiscalParams(MethodParams):
+    """Defaults: the paper's one head of encoder layer 1, σ² = 1."""
+
+    layers: list[int] = field(default_factory=lambda: [1])
+    heads: list[int] | int | str = field(default_factory=lambda: [0])
+    variance: float = 1.0
+
+    def validate(self, where: str) -> None:
+        check_site(self, "encoder", "self", where)
+        check_range(self.variance, 0.0, math.inf, f"{where}.variance", low_open=True)
+
+
+class UdiscalPlugin(AttentionPlugin):
+    def __init__(self, heads: list[int], variance: float) -> None:
+        super().__init__(heads)
+        self.variance = variance
+
+    def probs(self, a: Tensor, ctx: AttentionContext) -> Tensor:
+        src = ctx.side("src")
+        weight = normal_density(src["dist"][:, None].to(a.dtype), self.variance)  # (B, 1, I, J)
+        apply = valid_pairs(src["valid"]) & head_mask(self.heads, a.size(1), a.device)
+        return torch.where(apply, a * weight, a)
+
+
+@register("udiscal")
+class Udiscal(Method):
+    Params = UdiscalParams
+    needs = {"src": ("dist",)}
+    needs_at_inference = {"src": ("dist",)}
+
+    def make_plugin(self, site: Site) -> AttentionPlugin:
+        p: UdiscalParams = self.p  # type: ignore[assignment]
+        return UdiscalPlugin(self.head_list(), p.variance)
