@@ -195,10 +195,10 @@ def test_pascal_weights_peak_at_the_parent_middle_with_equal_raw_scores():
     out = PascalPlugin([0, 1], variance=1.0, parent_ignoring=0.0).scores(s, context(batch))
     pm = batch.struct["src"]["parent_mid"]
     expected = 3.0 * gauss(torch.arange(L)[None, None, :] - pm[:, :, None], 1.0)
-    ok = pairs(batch)[:, 0]
+    ok = batch.struct["src"]["valid"][:, :, None].expand(-1, -1, L)  # rows of real sub-words, every key
     for h in (0, 1):
         torch.testing.assert_close(out[:, h][ok], expected[ok])
-        assert (out[:, h][~ok] == 3.0).all()  # EOS / padding cells untouched
+        assert (out[:, h][~ok] == 3.0).all()  # rows of EOS / padding untouched
     assert (out[:, 2:] == 3.0).all()  # other heads untouched
     a = softmax_masked(out, batch)[0, 0].masked_fill(~ok[0], -1.0)  # among real sub-words
     assert a[0].argmax() in (1, 2) and torch.isclose(a[0, 1], a[0, 2])  # parent w1 = positions 1-2: mid 1.5
@@ -212,7 +212,8 @@ def test_pascal_in_the_model_equals_the_formula_and_leaves_other_heads():
     pm = batch.struct["src"]["parent_mid"]
     w = gauss(torch.arange(L)[None, None, :] - pm[:, :, None], 1.0)[:, None]
     heads = torch.tensor([False, True, False, True]).view(1, H, 1, 1)
-    expected = softmax_masked(torch.where(heads & pairs(batch), s * w, s), batch)
+    rows = batch.struct["src"]["valid"][:, None, :, None]
+    expected = softmax_masked(torch.where(heads & rows, s * w, s), batch)
     got = probs(model, batch, 0)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[:, [0, 2]], probs(vanilla, batch, 0)[:, [0, 2]])

@@ -159,7 +159,11 @@ def beam_search(model: Transformer, batch: Batch, beam: int = 5, length_penalty_
 
 def translate_batch(model: Transformer, batch: Batch, beam: int = 5, length_penalty: float = 0.6,
                     max_len_a: float = 1.5, max_len_b: int = 10, nbest: int = 1) -> list[list[Hypothesis]]:
-    """Beam search for ``beam > 1``, greedy decoding for ``beam == 1``."""
-    if beam == 1:
-        return greedy_search(model, batch, length_penalty, max_len_a, max_len_b)
-    return beam_search(model, batch, beam, length_penalty, max_len_a, max_len_b, nbest)
+    """Beam search for ``beam > 1``, greedy decoding for ``beam == 1``; the model's mode is restored."""
+    was_training = model.training
+    try:
+        if beam == 1:
+            return greedy_search(model, batch, length_penalty, max_len_a, max_len_b)
+        return beam_search(model, batch, beam, length_penalty, max_len_a, max_len_b, nbest)
+    finally:
+        model.train(was_training)

@@ -58,7 +58,12 @@ def _parse(entry: dict[str, Any], model_cfg: Any, where: str) -> Method:
             raise ConfigError(
                 f"layer {layer} is outside the {params.stack}'s layers 1..{depth}", f"{where}.layers"
             )
-    method = cls(params, model_cfg)
+    try:
+        method = cls(params, model_cfg)
+    except ConfigError as err:
+        if err.field and not err.field.startswith(where):
+            raise ConfigError(str(err).split(": ", 1)[-1], f"{where}.{err.field}") from None
+        raise
     for head in method.head_list():
         if not 0 <= head < model_cfg.n_heads:
             raise ConfigError(f"head {head} is outside 0..{model_cfg.n_heads - 1}", f"{where}.heads")

@@ -108,7 +108,10 @@ class PascalPlugin(AttentionPlugin):
         parent = src["parent_mid"].to(s.dtype)  # (B, I)
         keys = torch.arange(s.size(-1), device=s.device, dtype=s.dtype)
         weight = normal_density(keys[None, None, :] - parent[:, :, None], self.variance)  # (B, I, J)
-        apply = valid_pairs(src["valid"]) & head_mask(self.heads, s.size(1), s.device)
+        # Rows of real sub-words are scaled over every key, EOS included: PASCAL's Gaussian is
+        # positional, and an unscaled EOS column would otherwise out-score every scaled key.
+        # Rows of EOS/padding stay as they are; padding keys are masked after this hook.
+        apply = src["valid"][:, None, :, None] & head_mask(self.heads, s.size(1), s.device)
         if ctx.training and self.parent_ignoring > 0.0:
             b, h, i, _ = s.shape
             ignored = torch.rand(b, h, i, 1, device=s.device) < self.parent_ignoring

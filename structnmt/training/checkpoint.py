@@ -1,0 +1,278 @@
+"""Checkpoints that are atomic, self-checking and enough to rebuild the model.
+
+File layout (one file, so one atomic rename publishes it)::
+
+    STRUCTNMT-CHECKPOINT 1\\n
+    {"sha256": ..., "length": ..., "step": ..., "kind": ...}\\n
+    <torch.save payload of ``length`` bytes>
+
+The header's checksum covers the payload, so a flipped byte or a truncated copy is caught
+before unpickling, and ``newest_good_checkpoint`` can pick a resume point by the step in
+the header without loading anything big. Payloads are loaded with ``weights_only=True``: a
+checkpoint holds tensors and plain Python values only (no pickled objects), so opening one
+from elsewhere cannot run code.
+
+A checkpoint ``state`` is a dict; the trainer stores ``model``, ``optimizer``, ``scheduler``,
+``scaler``, ``rng``, ``progress``, ``config`` (the resolved config as a dict) and ``vocab``
+(``src_vocab_size``, ``tgt_vocab_size``, ``fingerprint`` of the dataset's vocabularies).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from structnmt.errors import CheckpointError
+from structnmt.io import atomic_write_bytes
+
+MAGIC = b"STRUCTNMT-CHECKPOINT 1\n"
+_MAX_HEADER = 4096
+
+
+def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
+    """Write ``state`` atomically with its checksum; never publishes non-finite weights.
+
+    On a full disk the temporary file is removed, the previous file at ``path`` stays as it
+    was, and a :class:`CheckpointError` says so.
+    """
+    path = Path(path)
+    model = state.get("model")
+    if isinstance(model, dict):
+        bad = [k for k, v in model.items() if torch.is_tensor(v) and v.is_floating_point()
+               and not bool(torch.isfinite(v).all())]
+        if bad:
+            raise CheckpointError(f"{path}: refusing to save non-finite weights ({', '.join(bad[:3])} ...)")
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    payload = buffer.getvalue()
+    header = {
+        "sha256": hashlib.sha256(payload).hexdigest(),
+        "length": len(payload),
+        "step": int(state.get("progress", {}).get("step", 0)),
+    }
+    blob = MAGIC + json.dumps(header).encode("ascii") + b"\n" + payload
+    try:
+        atomic_write_bytes(path, blob)
+    except OSError as err:
+        if err.errno == errno.ENOSPC:
+            raise CheckpointError(
+                f"{path}: no space left on the device while saving the checkpoint; "
+                "the previous checkpoint there (if any) is intact"
+            ) from None
+        raise CheckpointError(f"{path}: cannot write the checkpoint ({err.strerror or err})") from None
+    return path
+
+
+def read_header(path: str | Path) -> tuple[dict[str, Any], int]:
+    """The header and the byte offset where the payload starts; checks the magic only."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as handle:
+            head = handle.read(len(MAGIC) + _MAX_HEADER)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: checkpoint not found") from None
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot read the checkpoint ({err.strerror or err})") from None
+    if not head.startswith(MAGIC):
+        raise CheckpointError(f"{path}: not a structnmt checkpoint (no structnmt header)")
+    end = head.find(b"\n", len(MAGIC))
+    try:
+        header = json.loads(head[len(MAGIC):end].decode("ascii")) if end > 0 else None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = None
+    if not isinstance(header, dict) or not {"sha256", "length"} <= set(header):
+        raise CheckpointError(f"{path}: not a structnmt checkpoint (damaged header)")
+    return header, end + 1
+
+
+def verify_checkpoint(path: str | Path) -> dict[str, Any]:
+    """Check length and checksum; returns the header. Raises :class:`CheckpointError`."""
+    path = Path(path)
+    header, start = read_header(path)
+    size = path.stat().st_size - start
+    if size < header["length"]:
+        raise CheckpointError(f"{path}: truncated checkpoint ({size} of {header['length']} payload bytes)")
+    if size > header["length"]:
+        raise CheckpointError(f"{path}: checksum mismatch (trailing bytes after the payload)")
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        while block := handle.read(1 << 20):
+            digest.update(block)
+    if digest.hexdigest() != header["sha256"]:
+        raise CheckpointError(f"{path}: checksum mismatch (the file is corrupt)")
+    return header
+
+
+def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """Verify and load a checkpoint written by :func:`save_checkpoint`."""
+    path = Path(path)
+    _, start = read_header(path)
+    verify_checkpoint(path)
+    with open(path, "rb") as handle:
+        handle.seek(start)
+        payload = handle.read()
+    try:
+        state = torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
+    except Exception as err:  # checksum was right, so this is a version or writer problem
+        raise CheckpointError(f"{path}: checkpoint payload cannot be loaded ({err})") from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path}: not a structnmt checkpoint (payload is not a dict)")
+    return state
+
+
+def newest_good_checkpoint(directory: str | Path) -> Path | None:
+    """The verified checkpoint with the highest step in ``directory`` (``last.pt`` wins ties).
+
+    Used by ``--resume``: when ``last.pt`` was damaged (a copy cut short, a bad disk) the run
+    continues from the newest step checkpoint that still verifies instead of failing.
+    """
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    found: list[tuple[int, int, Path]] = []
+    for path in directory.glob("*.pt"):
+        try:
+            header = verify_checkpoint(path)
+        except CheckpointError:
+            continue
+        preference = {"last.pt": 2, "best.pt": 0}.get(path.name, 1)
+        found.append((int(header.get("step", 0)), preference, path))
+    if not found:
+        return None
+    return max(found, key=lambda item: (item[0], item[1]))[2]
+
+
+def average_checkpoints(paths: list[str | Path]) -> dict[str, torch.Tensor]:
+    """Parameter-wise mean of the models in ``paths`` (Vaswani et al. average the last few).
+
+    Floating tensors are averaged in float64 and cast back; integer buffers (counters) are
+    taken from the last checkpoint. Models with different parameter names or shapes are
+    refused: their mean means nothing.
+    """
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    total: dict[str, torch.Tensor] = {}
+    reference: dict[str, torch.Tensor] = {}
+    first = Path(paths[0])
+    for i, path in enumerate(paths):
+        model = load_checkpoint(path)["model"]
+        if i == 0:
+            reference = model
+            total = {k: v.double().clone() if v.is_floating_point() else v.clone() for k, v in model.items()}
+            continue
+        if set(model) != set(reference):
+            diff = sorted(set(model) ^ set(reference))
+            raise CheckpointError(
+                f"{path}: different architecture from {first} (parameters differ: {', '.join(diff[:3])})"
+            )
+        for name, value in model.items():
+            if value.shape != reference[name].shape:
+                raise CheckpointError(
+                    f"{path}: different architecture from {first} ({name} has shape {tuple(value.shape)}, "
+                    f"not {tuple(reference[name].shape)})"
+                )
+            if value.is_floating_point():
+                total[name] += value.double()
+            else:
+                total[name] = value.clone()
+    n = len(paths)
+    return {k: (v / n).to(reference[k].dtype) if v.is_floating_point() else v for k, v in total.items()}
+
+
+def write_averaged_checkpoint(paths: list[str | Path], out: str | Path) -> Path:
+    """Save the average of ``paths`` as a model-only checkpoint that ``load_model`` reads."""
+    averaged = average_checkpoints(paths)
+    last = load_checkpoint(paths[-1])
+    state = {
+        "model": averaged,
+        "config": last.get("config"),
+        "vocab": last.get("vocab"),
+        "progress": dict(last.get("progress", {})),
+        "averaged_from": [str(p) for p in paths],
+    }
+    return save_checkpoint(out, state)
+
+
+def dataset_fingerprint(dataset_dir: str | Path) -> str:
+    """A hash of what fixes the meaning of the ids: the sub-word models and the label list.
+
+    Splits and their statistics are left out on purpose: a model trained on one dataset may
+    translate another split (or a re-prepared test set) built with the same vocabularies.
+    """
+    directory = Path(dataset_dir)
+    digest = hashlib.sha256()
+    models = sorted(directory.glob("spm*.model"))
+    for path in models:
+        digest.update(path.name.encode())
+        digest.update(path.read_bytes())
+    meta_path = directory / "meta.json"
+    if meta_path.exists():
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise CheckpointError(f"{meta_path}: cannot read the dataset description ({err})") from None
+        labels = meta.get("labels") if isinstance(meta, dict) else None
+        digest.update(json.dumps(labels, sort_keys=True).encode())
+        if not models and isinstance(meta, dict):
+            digest.update(json.dumps(meta.get("vocab"), sort_keys=True).encode())
+    elif not models:
+        raise CheckpointError(f"{directory}: no dataset here (no meta.json or spm*.model)")
+    return digest.hexdigest()
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu",
+               dataset_dir: str | Path | None = None) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
+    """Rebuild the Transformer of a checkpoint: ``(model in eval mode, ExperimentConfig, info)``.
+
+    With ``dataset_dir`` the dataset's vocabulary fingerprint must equal the one stored at
+    training time; ids from another vocabulary would translate into nonsense silently.
+    ``info`` holds ``step``, ``epoch``, ``vocab`` and the checkpoint's path.
+    """
+    from structnmt.config import config_from_dict
+    from structnmt.errors import ConfigError
+    from structnmt.model.transformer import Transformer
+
+    path = Path(path)
+    state = load_checkpoint(path, map_location="cpu")
+    if "model" not in state or "config" not in state or "vocab" not in state:
+        raise CheckpointError(f"{path}: not a model checkpoint (needs model, config and vocab entries)")
+    try:
+        cfg = config_from_dict(state["config"])
+    except ConfigError as err:
+        raise CheckpointError(f"{path}: the stored config is not valid for this version ({err})") from None
+    vocab = state["vocab"]
+    if dataset_dir is not None:
+        current = dataset_fingerprint(dataset_dir)
+        stored = vocab.get("fingerprint")
+        if stored != current:
+            raise CheckpointError(
+                f"{path}: trained with vocabulary fingerprint {str(stored)[:12]} but dataset {dataset_dir} "
+                f"has {current[:12]}: the checkpoint and the dataset do not belong together"
+            )
+    model = Transformer(cfg.model, int(vocab["src_vocab_size"]), int(vocab["tgt_vocab_size"]))
+    missing, unexpected = model.load_state_dict(state["model"], strict=False)
+    if missing or unexpected:
+        raise CheckpointError(
+            f"{path}: weights do not fit the model its config describes "
+            f"(missing: {', '.join(missing[:3]) or '-'}; unexpected: {', '.join(unexpected[:3]) or '-'})"
+        )
+    model.to(device).eval()
+    progress = state.get("progress", {})
+    info = {
+        "path": str(path),
+        "step": int(progress.get("step", 0)),
+        "epoch": int(progress.get("epoch", 0)),
+        "vocab": dict(vocab),
+        "averaged_from": state.get("averaged_from"),
+    }
+    for value in state["model"].values():
+        if torch.is_tensor(value) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+            raise CheckpointError(f"{path}: the checkpoint holds non-finite weights")
+    return model, cfg, info

@@ -1,0 +1,55 @@
+"""Adam(W) and the inverse-square-root learning-rate schedule of Vaswani et al. (2017).
+
+The schedule (with ``warmup`` W and peak rate ``lr``) for optimiser update ``s`` (1-based)::
+
+    lr(s) = lr * min(s / W, sqrt(W / s))
+
+i.e. a linear ramp from ``lr / W`` to ``lr`` over the first W updates, then decay with
+``1 / sqrt(s)``; both pieces meet at ``s = W``. ``warmup = 0`` means a constant rate (the
+formula has no meaning there, and "no warm-up, no decay" is what a user asking for it wants).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+from torch.optim.lr_scheduler import LambdaLR
+
+from structnmt.config import TrainingConfig
+
+
+def inverse_sqrt_factor(step: int, warmup: int) -> float:
+    """Multiplier of the peak rate for update ``step`` (1-based)."""
+    if warmup <= 0:
+        return 1.0
+    step = max(step, 1)
+    return min(step / warmup, math.sqrt(warmup / step))
+
+
+def build_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimizer:
+    """Adam when ``weight_decay`` is 0, else AdamW (decoupled decay, as in fairseq's ``adamw``).
+
+    Biases, layer norms and embeddings rows are decayed alike: the papers' recipes use no
+    decay at all, so there is nothing finer to reproduce.
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    betas = (float(cfg.betas[0]), float(cfg.betas[1]))
+    if cfg.weight_decay > 0:
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
+    return torch.optim.Adam(params, lr=cfg.lr, betas=betas, eps=cfg.eps)
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig) -> LambdaLR:
+    """Inverse-sqrt schedule as a ``LambdaLR`` (its ``state_dict`` holds the update count).
+
+    ``LambdaLR`` counts from 0 and sets the rate for the *next* update, so its counter ``n``
+    maps to update ``n + 1``: right after construction the rate is ``lr(1)``.
+    """
+    warmup = cfg.warmup
+    return LambdaLR(optimizer, lambda n: inverse_sqrt_factor(n + 1, warmup))
+
+
+def current_lr(optimizer: torch.optim.Optimizer) -> float:
+    return float(optimizer.param_groups[0]["lr"])
