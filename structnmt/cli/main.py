@@ -148,7 +148,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
-def test_run(run_dir: Path, checkpoint: str | None = None, splits: list[str] | None = None,
+def evaluate_run(run_dir: Path, checkpoint: str | None = None, splits: list[str] | None = None,
              device: str = "auto", beam: int | None = None, quiet: bool = False) -> dict[str, dict]:
     """Translate a run's test splits; write ``eval/<split>.{hyp,ref,src,json}``; return scores."""
     import dataclasses
@@ -190,7 +190,7 @@ def test_run(run_dir: Path, checkpoint: str | None = None, splits: list[str] | N
 
 
 def cmd_test(args: argparse.Namespace) -> int:
-    test_run(Path(args.run), args.checkpoint, args.splits, args.device, args.beam)
+    evaluate_run(Path(args.run), args.checkpoint, args.splits, args.device, args.beam)
     return 0
 
 
@@ -240,7 +240,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     print(f"[demo] training for up to {args.minutes:g} minutes")
     train(cfg)
     print("[demo] translating the test set with beam search")
-    results = test_run(run_dir, splits=["test"], device=cfg.training.device)
+    results = evaluate_run(run_dir, splits=["test"], device=cfg.training.device)
     bleu = results["test"]["bleu"]
     print(f"[demo] done in {(time.perf_counter() - started) / 60:.1f} min: test BLEU {bleu:.2f} "
           f"(hypotheses in {run_dir / 'eval' / 'test.hyp'})")
