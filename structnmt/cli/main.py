@@ -132,7 +132,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
     else:
         lines = read_lines(args.input)
     started = time.perf_counter()
-    outputs = translate_lines(model, pre, lines, dcfg, device, labels=_labels(dataset))
+    outputs = translate_lines(model, pre, lines, dcfg, device, labels=_labels(dataset),
+                              source=args.input if args.input not in (None, "-") else "<stdin>")
     seconds = time.perf_counter() - started
     text = "".join(
         "".join((f"{i}\t{hyp}\n" if dcfg.nbest > 1 else f"{hyp}\n") for hyp in hyps)
@@ -347,13 +348,13 @@ def cmd_parser_train(args: argparse.Namespace) -> int:
         shared = Path(args.shared)
         args.lang = args.lang or lang
         args.conllu = args.conllu or [str(shared / f) for f in files]
-        args.dev = args.dev or str(shared / dev)
+        args.dev = args.dev or (str(shared / dev) if dev else None)
         args.out = args.out or out
-    missing = [name for name in ("lang", "conllu", "dev", "out") if not getattr(args, name)]
+    missing = [name for name in ("lang", "conllu", "out") if not getattr(args, name)]
     if missing:
         raise ConfigError("missing (give it or use --preset)", f"--{missing[0]}")
-    path = train_ud_parser(args.lang, [Path(p) for p in args.conllu], Path(args.dev), Path(args.out),
-                           max_steps=args.steps)
+    path = train_ud_parser(args.lang, [Path(p) for p in args.conllu], Path(args.dev) if args.dev else None,
+                           Path(args.out), max_steps=args.steps, eval_frequency=args.eval_frequency)
     print(f"parser written to {path}")
     return 0
 
@@ -368,8 +369,8 @@ def cmd_parser_evaluate(args: argparse.Namespace) -> int:
 
 #: training data of the UD parsers the recipes use (files under ../shared/data/ud)
 PARSER_PRESETS = {
-    "en_ud": ("en", ["en_ewt-ud-dev.conllu", "en_gum-ud-dev.conllu"], "en_gum-ud-test.conllu", "parsers/en_ud"),
-    "de_ud": ("de", ["de_gsd-ud-dev.conllu"], "de_gsd-ud-test.conllu", "parsers/de_ud"),
+    "en_ud": ("en", ["en_ewt-ud-dev.conllu", "en_gum-ud-dev.conllu", "en_gum-ud-test.conllu"], None, "parsers/en_ud"),
+    "de_ud": ("de", ["de_gsd-ud-dev.conllu"], None, "parsers/de_ud"),
 }
 
 
@@ -485,11 +486,13 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("parser", help="train and evaluate Universal Dependencies parsers")
     psub = s.add_subparsers(dest="what", required=True)
     t = psub.add_parser("train")
-    t.add_argument("--preset", choices=sorted(PARSER_PRESETS), help="the recipes' parsers, from ../shared/data/ud")
+    t.add_argument("--preset", choices=sorted(PARSER_PRESETS),
+                   help="the recipes' parsers, trained on the UD files of ../shared/data/ud")
     t.add_argument("--shared", default="../shared/data/ud")
     t.add_argument("--lang")
     t.add_argument("--conllu", nargs="+")
-    t.add_argument("--dev")
+    t.add_argument("--dev", help="held-out CoNLL-U for model selection (default: every 10th training sentence)")
+    t.add_argument("--eval-frequency", dest="eval_frequency", type=int, default=250)
     t.add_argument("--out")
     t.add_argument("--steps", type=int, default=1500)
     t.set_defaults(func=cmd_parser_train)

@@ -184,23 +184,66 @@ class Preprocessor:
 
     # -- the two entry points ------------------------------------------------
     def encode_pairs(self, pairs: list[tuple[int, str, str]], split: str,
-                     paths: dict[str, str] | None = None) -> list[Example]:
-        """Examples of cleaned (line, src, tgt) pairs; ``paths`` name the files in errors."""
+                     paths: dict[str, str] | None = None,
+                     dropped: list[tuple[str, DataError]] | None = None) -> list[Example]:
+        """Examples of cleaned (line, src, tgt) pairs; ``paths`` name the files in errors.
+
+        By default the first sentence whose parse or sub-word alignment is unusable stops
+        everything with its file and line. With a ``dropped`` list (``data.clean.drop_bad_lines``)
+        such a pair is left out instead and ``(reason, error)`` is appended, reason being
+        ``"bad_parse"`` or ``"unaligned"``, so that ``prepare`` can say what it dropped and why.
+        """
         paths = paths or {}
         lines = [n for n, _, _ in pairs]
         texts = {"src": [self.tokenise("src", s) for _, s, _ in pairs],
                  "tgt": [self.tokenise("tgt", t) for _, _, t in pairs]}
-        trees = {side: self.parse(side, split, texts[side], lines) for side in SIDES}
+        trees: dict[str, list[DepTree | None] | None] = {}
+        bad: dict[int, tuple[str, DataError]] = {}  # position in pairs -> why it is dropped
+        for side in SIDES:
+            if dropped is None:
+                trees[side] = self.parse(side, split, texts[side], lines)  # type: ignore[assignment]
+            else:
+                trees[side] = self._parse_dropping(side, split, texts[side], lines, bad)
         examples = []
         for k, (line, src, tgt) in enumerate(pairs):
+            if k in bad:
+                continue
             src_text = texts["src"][k] if self.task_tag is None else tag(texts["src"][k], self.task_tag)
-            s = self._side("src", src_text, trees["src"][k] if trees["src"] else None, split, line,
-                           paths.get("src"))
-            t = self._side("tgt", texts["tgt"][k], trees["tgt"][k] if trees["tgt"] else None, split, line,
-                           paths.get("tgt"))
+            try:
+                s = self._side("src", src_text, trees["src"][k] if trees["src"] else None, split, line,
+                               paths.get("src"))
+                t = self._side("tgt", texts["tgt"][k], trees["tgt"][k] if trees["tgt"] else None, split, line,
+                               paths.get("tgt"))
+            except DataError as err:
+                if dropped is None:
+                    raise
+                bad[k] = ("unaligned", err)
+                continue
             examples.append(Example(src=s, tgt=t, meta={"line": line, "path": paths.get("src", split),
                                                          "src_text": src, "tgt_text": tgt}))
+        if dropped is not None:
+            dropped.extend(bad[k] for k in sorted(bad))
         return examples
+
+    def _parse_dropping(self, side: str, split: str, texts: list[str], lines: list[int],
+                        bad: dict[int, tuple[str, DataError]]) -> list[DepTree | None] | None:
+        """Parse a batch; if a sentence fails, parse one by one so only the bad ones are lost."""
+        try:
+            return self.parse(side, split, texts, lines)  # type: ignore[return-value]
+        except DataError:
+            pass
+        out: list[DepTree | None] = []
+        for k, (text, line) in enumerate(zip(texts, lines)):
+            if k in bad:
+                out.append(None)
+                continue
+            try:
+                (tree,) = self.parse(side, split, [text], [line]) or [None]
+            except DataError as err:
+                bad[k] = ("bad_parse", err)
+                tree = None
+            out.append(tree)
+        return out
 
     def encode_sources(self, lines: list[str], with_structure: bool,
                        split: str = "translate") -> list[Example]:

@@ -27,7 +27,7 @@ from structnmt.data.dataset import DatasetWriter
 from structnmt.data.example import Example, Side
 from structnmt.data.pipeline import PARSE_TAG, SIDES, TRANSLATE_TAG, Preprocessor, linearise, tag
 from structnmt.data.tokenisation import MosesTokeniser, SubwordModel, train_sentencepiece
-from structnmt.errors import ConfigError
+from structnmt.errors import ConfigError, DataError
 from structnmt.io import atomic_write_text
 
 FORMAT_VERSION = 1
@@ -89,6 +89,18 @@ def prepare(cfg: ExperimentConfig, force: bool = False, verbose: bool = True) ->
     An existing dataset prepared from the same data config is kept as it is; one from a
     different config is replaced only with ``force``.
     """
+    try:
+        return _prepare(cfg, force, verbose)
+    except ConfigError as err:
+        # errors raised deep inside (the sub-word model, a parser) know the field, not the file
+        if cfg.path is None or str(err).startswith(f"{cfg.path}: "):
+            raise
+        named = ConfigError(str(err), path=cfg.path)
+        named.field = err.field
+        raise named from None
+
+
+def _prepare(cfg: ExperimentConfig, force: bool, verbose: bool) -> Path:
     if cfg.data is None:
         raise ConfigError("the config has no data section", "data")
     data = cfg.data
@@ -138,6 +150,11 @@ def _build(data: DataConfig, tmp: Path, cache_dir: Path, config_dict: dict, verb
     keep_all = CleanConfig(max_len=10**9, max_ratio=float("inf"), drop_bad_lines=data.clean.drop_bad_lines)
     for split, files in data.splits.items():
         splits[split], reports[split] = read_parallel(files, data.clean if split == data.train_split else keep_all)
+    if not splits[data.train_split]:
+        files = data.splits[data.train_split]
+        dropped = {k: v for k, v in reports[data.train_split].items() if k not in ("read", "kept") and v}
+        raise DataError(f"no sentence pair of the training split is left after cleaning (dropped: {dropped})",
+                        files.tsv or files.src)
     task_tag = TRANSLATE_TAG if data.multitask_parse else None
 
     # sub-word training text: the training split as the parser sees it (Moses-tokenised if on)
@@ -164,9 +181,12 @@ def _build(data: DataConfig, tmp: Path, cache_dir: Path, config_dict: dict, verb
     labels: list[str] | None = None
     stats: dict[str, dict] = {}
     for split, pairs in splits.items():
-        examples = pre.encode_pairs(pairs, split, _split_paths(data, split))
+        dropped: list[tuple[str, DataError]] | None = [] if data.clean.drop_bad_lines else None
+        examples = pre.encode_pairs(pairs, split, _split_paths(data, split), dropped)
+        if dropped:
+            pairs = _forget_dropped(pairs, examples, reports[split], dropped, split, verbose)
         if data.multitask_parse and split == data.train_split:
-            examples += _parse_examples(pre, pairs, split, train["src"])
+            examples += _parse_examples(pre, pairs, split, [pre.tokenise("src", s) for _, s, _ in pairs])
         with DatasetWriter(tmp, split, store, label_vocab=labels) as writer:
             for example in examples:
                 writer.add(example)
@@ -194,6 +214,25 @@ def _build(data: DataConfig, tmp: Path, cache_dir: Path, config_dict: dict, verb
                    for split in splits},
         "data": config_dict,
     }
+
+
+#: how many dropped sentences ``prepare`` names one by one before it only counts
+SHOW_DROPPED = 5
+
+
+def _forget_dropped(pairs: list[tuple[int, str, str]], examples: list[Example], report: dict[str, int],
+                    dropped: list[tuple[str, DataError]], split: str, verbose: bool) -> list[tuple[int, str, str]]:
+    """Count sentences dropped for their parse or alignment, name the first few, keep the rest."""
+    for reason, _ in dropped:
+        report[reason] = report.get(reason, 0) + 1
+    report["kept"] = len(examples)
+    if verbose:
+        for reason, err in dropped[:SHOW_DROPPED]:
+            print(f"{split}: dropped ({reason}) {err}")
+        if len(dropped) > SHOW_DROPPED:
+            print(f"{split}: ... and {len(dropped) - SHOW_DROPPED} more dropped sentences")
+    kept = {ex.meta["line"] for ex in examples}
+    return [pair for pair in pairs if pair[0] in kept]
 
 
 def summary(meta: dict) -> str:

@@ -22,7 +22,7 @@ import sentencepiece as spm
 from sacremoses import MosesDetokenizer, MosesTokenizer
 
 from structnmt.data.batch import BOS_ID, EOS_ID, PAD_ID, UNK_ID
-from structnmt.errors import DataError
+from structnmt.errors import ConfigError, DataError
 from structnmt.io import atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -44,6 +44,7 @@ class MosesTokeniser:
 
 
 _TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
+_TOO_LOW = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
 
 
 def train_sentencepiece(
@@ -80,9 +81,17 @@ def train_sentencepiece(
                 minloglevel=2,
             )
         except RuntimeError as err:
+            too_low = _TOO_LOW.search(str(err))
+            if too_low is not None:
+                raise ConfigError(
+                    f"{vocab_size} is smaller than the {too_low.group(2)} characters and special pieces the "
+                    "training text needs; raise it or lower data.subwords.character_coverage",
+                    "data.subwords.vocab_size",
+                ) from None
             match = _TOO_HIGH.search(str(err))
             if match is None or attempt == 1:
-                raise
+                # the text is the only input here, so any other refusal is a data problem
+                raise DataError(f"SentencePiece cannot train on this text: {err}") from None
             size = int(match.group(2))
             log.warning("sub-word vocabulary of %d is too large for this corpus; using %d instead",
                         vocab_size, size)
@@ -99,7 +108,10 @@ class SubwordModel:
         self.path = Path(path)
         if not self.path.is_file():
             raise DataError("sub-word model not found", self.path)
-        self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        try:
+            self.sp = spm.SentencePieceProcessor(model_file=str(self.path))
+        except (RuntimeError, OSError) as err:
+            raise DataError(f"not a readable SentencePiece model ({err})", self.path) from None
         if (self.sp.pad_id(), self.sp.unk_id(), self.sp.bos_id(), self.sp.eos_id()) != (
             PAD_ID, UNK_ID, BOS_ID, EOS_ID,
         ):

@@ -20,6 +20,7 @@ from structnmt.data.batching import collate, collate_examples
 from structnmt.data.dataset import ParallelDataset
 from structnmt.data.pipeline import Preprocessor
 from structnmt.decoding.search import Hypothesis, translate_batch
+from structnmt.errors import DataError
 from structnmt.model.transformer import Transformer
 
 
@@ -51,12 +52,19 @@ def _search(model: Transformer, batches: Iterator[tuple[np.ndarray, Batch]], n: 
 
 
 def translate_lines(model: Transformer, pre: Preprocessor, lines: list[str], cfg: DecodingConfig,
-                    device: torch.device | str = "cpu", labels: Sequence[str] | None = None) -> list[list[str]]:
-    """The ``nbest`` detokenised translations of every line, in input order."""
+                    device: torch.device | str = "cpu", labels: Sequence[str] | None = None,
+                    source: str = "<input>") -> list[list[str]]:
+    """The ``nbest`` detokenised translations of every line, in input order (``source`` names the
+    input in error messages)."""
     device = torch.device(device)
     fields = model.structure_needs(inference=True)
     examples = pre.encode_sources(lines, with_structure=bool(fields["src"]))
     lengths = [len(ex.src.ids) for ex in examples]
+    limit = model.cfg.max_positions - 1  # one position is the EOS
+    for number, n in enumerate(lengths, start=1):
+        if n > limit:
+            raise DataError(f"{n} sub-words; the model reads at most {limit} (model.max_positions)", source,
+                            number)
 
     def batches() -> Iterator[tuple[np.ndarray, Batch]]:
         for idx in length_batches(lengths, cfg.max_tokens):

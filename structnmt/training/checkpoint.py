@@ -257,6 +257,13 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
                 f"has {current[:12]}: the checkpoint and the dataset do not belong together"
             )
     model = Transformer(cfg.model, int(vocab["src_vocab_size"]), int(vocab["tgt_vocab_size"]))
+    own = model.state_dict()
+    wrong = [k for k, v in state["model"].items() if k in own and tuple(v.shape) != tuple(own[k].shape)]
+    if wrong:
+        raise CheckpointError(
+            f"{path}: weights do not fit the model its config describes ({wrong[0]}: "
+            f"{tuple(state['model'][wrong[0]].shape)} stored, {tuple(own[wrong[0]].shape)} expected)"
+        )
     missing, unexpected = model.load_state_dict(state["model"], strict=False)
     if missing or unexpected:
         raise CheckpointError(

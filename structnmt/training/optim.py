@@ -37,8 +37,11 @@ def build_optimizer(model: nn.Module, cfg: TrainingConfig) -> torch.optim.Optimi
     params = [p for p in model.parameters() if p.requires_grad]
     betas = (float(cfg.betas[0]), float(cfg.betas[1]))
     if cfg.weight_decay > 0:
-        return torch.optim.AdamW(params, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay)
-    return torch.optim.Adam(params, lr=cfg.lr, betas=betas, eps=cfg.eps)
+        return torch.optim.AdamW(params, lr=cfg.lr, betas=betas, eps=cfg.eps, weight_decay=cfg.weight_decay,
+                                 fused=True)
+    # fused: one kernel for the whole update. On this 2-core CPU it takes 10 ms for a 7.6M
+    # parameter model where PyTorch's default per-tensor loop takes 400 ms (a third of a step).
+    return torch.optim.Adam(params, lr=cfg.lr, betas=betas, eps=cfg.eps, fused=True)
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig) -> LambdaLR:

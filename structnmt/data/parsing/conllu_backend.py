@@ -94,6 +94,13 @@ class ConlluParser:
         return trees
 
     def sentence_tree(self, block: str, text: str, line: int) -> DepTree:
+        # the conllu library reads short rows leniently (missing columns become missing keys),
+        # so count the columns first and name the very line
+        for number, row in enumerate(block.splitlines(), start=line):
+            columns = len(row.split("\t"))
+            if not row.startswith("#") and columns != 10:
+                raise DataError(f"a word line needs 10 tab-separated columns, this one has {columns}",
+                                self.path, number)
         try:
             sentences = conllu.parse(block)
         except Exception as err:  # conllu raises ParseException and ValueError subclasses

