@@ -177,3 +177,26 @@ def test_build_struct_missing_stored_field_is_a_data_error() -> None:
     ex = {"ids": np.array([5, 6], dtype=np.int32)}
     with pytest.raises(DataError, match="dist"):
         build_struct([ex], {"dist"}, [2], offset=0, max_len=3)
+
+
+def test_words_sharing_one_sub_word_are_merged_into_one_node():
+    from structnmt.data.example import DepTree
+    from structnmt.data.structures import merge_words_sharing_pieces
+
+    # spaCy reads "id" as "i" + "d"; the sub-word model has one piece "▁id"
+    text = "a couple id sitting"
+    tree = DepTree(text, ["a", "couple", "i", "d", "sitting"], [(0, 1), (2, 8), (9, 10), (10, 11), (12, 19)],
+                   heads=[1, 4, 4, 4, 4], labels=["det", "nsubj", "nsubj", "aux", "root"])
+    pieces = [(0, 1), (2, 8), (9, 11), (12, 19)]
+    merged = merge_words_sharing_pieces(tree, pieces)
+    assert merged.words == ["a", "couple", "id", "sitting"]
+    assert merged.spans == [(0, 1), (2, 8), (9, 11), (12, 19)]
+    assert merged.heads == [1, 3, 3, 3] and merged.labels == ["det", "nsubj", "nsubj", "root"]
+    merged.check()
+    assert list(align_pieces_to_words(pieces, merged.spans)) == [0, 1, 2, 3]
+    # the shallowest member gives the node its head, so contraction makes no cycle:
+    # "x" -> "y" -> "z" (root), with "x" and "z" inside one piece
+    chain = DepTree("xyz", ["x", "y", "z"], [(0, 1), (1, 2), (2, 3)], heads=[1, 2, 2], labels=["a", "b", "root"])
+    one = merge_words_sharing_pieces(chain, [(0, 3)])
+    assert one.heads == [0] and one.words == ["xyz"]
+    assert merge_words_sharing_pieces(tree, [(0, 1), (2, 8), (9, 10), (10, 11), (12, 19)]) is tree

@@ -158,8 +158,9 @@ class Preprocessor:
         ids, spans = model.encode(text)
         if tree is None or not self.keeps_structure:
             return Side(ids=ids)
-        from structnmt.data.structures import align_pieces_to_words
+        from structnmt.data.structures import align_pieces_to_words, merge_words_sharing_pieces
 
+        tree = merge_words_sharing_pieces(tree, spans)
         word_index = align_pieces_to_words(spans, tree.spans, path, line)
         return Side(ids=ids, word_index=word_index, tree=tree, scenes=self._scenes(side, tree, split, line))
 

@@ -79,6 +79,52 @@ def align_pieces_to_words(
     return index.astype(np.int32)
 
 
+def merge_words_sharing_pieces(tree: DepTree, piece_spans: Sequence[tuple[int, int]]) -> DepTree:
+    """Merge words that a single sub-word spans into one tree node.
+
+    A parser may cut a string finer than the sub-word model does (spaCy reads "id" as
+    "i" + "d"; one piece "▁id" covers both). METHODS.md gives every sub-word one word, so
+    such words become one node: it takes the head and label of its member closest to the
+    root (contracting there cannot create a cycle: no ancestor of the shallowest member is in
+    the group), and every arc into a member points to the node. Trees whose words each get a
+    piece come back unchanged.
+    """
+    n = len(tree.words)
+    if n < 2 or not piece_spans:
+        return tree
+    words = np.asarray(tree.spans, dtype=np.int64).reshape(n, 2)
+    pieces = np.asarray(piece_spans, dtype=np.int64).reshape(-1, 2)
+    overlap = (np.minimum(pieces[:, None, 1], words[None, :, 1]) - np.maximum(pieces[:, None, 0], words[None, :, 0]))
+    touches = overlap > 0
+    group = np.arange(n)
+    for row in touches:
+        members = np.flatnonzero(row)
+        if members.size > 1:  # pieces and words are in order, so members are consecutive
+            group[members[0]: members[-1] + 1] = group[members[0]]
+    if np.all(group == np.arange(n)):
+        return tree
+    depth = np.zeros(n, dtype=np.int64)
+    for i in range(n):
+        j, d = i, 0
+        while tree.heads[j] != j and d <= n:
+            j, d = tree.heads[j], d + 1
+        depth[i] = d
+    firsts = sorted(set(group.tolist()))
+    new_id = {g: k for k, g in enumerate(firsts)}
+    node_of = np.array([new_id[g] for g in group])
+    heads, labels, spans, texts = [], [], [], []
+    for g in firsts:
+        members = np.flatnonzero(group == g)
+        top = int(members[np.argmin(depth[members])])
+        head = tree.heads[top]
+        heads.append(int(node_of[head]) if head != top else new_id[g])
+        labels.append(tree.labels[top])
+        start, end = int(words[members[0], 0]), int(words[members[-1], 1])
+        spans.append((start, end))
+        texts.append(tree.text[start:end])
+    return DepTree(tree.text, texts, spans, heads, labels, parser=tree.parser)
+
+
 def project(tree: DepTree, word_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``parent_first`` (int32) and ``parent_mid`` (float32) of every sub-word (METHODS.md).
 
