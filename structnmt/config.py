@@ -273,7 +273,8 @@ class TrainingConfig:
     log_every: int = 100
     num_workers: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    precision: Literal["fp32", "bf16", "fp16", "auto"] = "auto"  # auto: bf16 on capable GPUs, fp32 on CPU
+    # auto: bf16 where the hardware has it, else fp16 + gradient scaler on GPUs and fp32 on CPUs
+    precision: Literal["fp32", "bf16", "fp16", "auto"] = "auto"
     threads: int = 0  # torch intra-op threads; 0: library default
     deterministic: bool = False
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops

@@ -227,5 +227,5 @@ def test_demo_config_validates_and_matches_yaml(tmp_path: Path) -> None:
     assert cfg.decoding.beam == 5 and cfg.training.valid_beam == 1
     assert not cfg.data.moses
     shipped = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text(encoding="utf-8"))
-    assert shipped == demo_config(Path("demo"), minutes=5)
+    assert shipped == demo_config(Path("demo"), minutes=3)
     config_from_dict(shipped)

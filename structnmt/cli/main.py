@@ -452,7 +452,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("demo", help="the whole pipeline on the built-in synthetic task")
     s.add_argument("--work", default="demo", help="working directory (data, dataset, run)")
-    s.add_argument("--minutes", type=float, default=5.0)
+    s.add_argument("--minutes", type=float, default=3.0)
     s.add_argument("--train-size", dest="train_size", type=int, default=20000)
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
