@@ -374,6 +374,22 @@ PARSER_PRESETS = {
 }
 
 
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from structnmt.data.dataset import ParallelDataset
+    from structnmt.evaluation.inspect_run import inspect_split
+
+    run = Path(args.run)
+    checkpoint = args.checkpoint or str(run / "best.pt" if (run / "best.pt").exists() else run / "last.pt")
+    model, cfg, pre, dataset = _load(checkpoint, args.dataset, _device(args.device))
+    data = ParallelDataset(dataset, args.split)
+    out = Path(args.out or run / "inspect")
+    layer = None if args.layer is None else args.layer - 1
+    scores = inspect_split(model, data, args.what, out, side=args.side, layer=layer, gold=args.gold)
+    print(json.dumps(scores, indent=2))
+    print(f"written to {out}", file=sys.stderr)
+    return 0
+
+
 def cmd_methods(args: argparse.Namespace) -> int:
     from structnmt.model.methods import METHODS, _discover, method_params_doc
 
@@ -500,6 +516,20 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("model")
     e.add_argument("--conllu", required=True)
     e.set_defaults(func=cmd_parser_evaluate)
+
+    s = sub.add_parser("inspect", help="read learned structure out (trees, phrase trees, alignments) and score it")
+    s.add_argument("what", choices=["trees", "phrases", "align"],
+                   help="trees: DBSA heads -> UAS; phrases: LPSI distances -> UF; align: cross-attention -> AER")
+    s.add_argument("run", help="run directory (its best.pt, else last.pt)")
+    s.add_argument("--checkpoint")
+    s.add_argument("--split", default="test")
+    s.add_argument("--side", choices=["src", "tgt"], default="src")
+    s.add_argument("--layer", type=int, help="1-based; default: the method's first layer, penultimate for align")
+    s.add_argument("--gold", help="gold brackets (JSON lines) for phrases, gold alignments (Pharaoh) for align")
+    s.add_argument("--dataset")
+    s.add_argument("--out", help="default: RUN/inspect")
+    s.add_argument("--device", default="cpu")
+    s.set_defaults(func=cmd_inspect)
 
     s = sub.add_parser("methods", help="list the structure-aware methods and their defaults")
     s.add_argument("-v", "--verbose", action="store_true")

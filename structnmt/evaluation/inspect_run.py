@@ -1,0 +1,136 @@
+"""``structnmt inspect``: read a trained model's structure out on a prepared split and score it.
+
+* ``trees``: DBSA/SISA/SyncAttn heads -> dependency trees, UAS against the split's stored
+  trees (the parser's, or gold CoNLL-U), beside a right-branching baseline;
+* ``phrases``: LPSI distances -> binary trees, unlabeled F1 against gold brackets, beside a
+  right-branching baseline;
+* ``align``: cross-attention -> word alignments (grow-diag-final), AER against gold
+  alignments, beside a diagonal baseline.
+
+Outputs are written next to the scores: heads one sentence a line, bracketed trees, Pharaoh
+``i-j`` alignments.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from structnmt.data.batch import Batch
+from structnmt.data.batching import collate
+from structnmt.data.dataset import ParallelDataset
+from structnmt.decoding.translate import length_batches
+from structnmt.errors import DataError
+from structnmt.evaluation.alignment import corpus_aer, read_pharaoh, write_pharaoh
+from structnmt.evaluation.inspect import cross_attention_alignments, dbsa_trees, lpsi_trees
+from structnmt.evaluation.scores import read_text
+from structnmt.evaluation.trees import (
+    bracket_string,
+    corpus_uas,
+    corpus_unlabeled_f1,
+    right_branching_brackets,
+    right_branching_heads,
+)
+from structnmt.io import atomic_write_text
+from structnmt.model.transformer import Transformer
+
+
+def _batches(model: Transformer, data: ParallelDataset, sides: tuple[str, ...], max_tokens: int) -> Iterator[Batch]:
+    fields = model.structure_needs(inference=False)
+    for side in ("src", "tgt"):
+        fields[side] = {f for f in fields[side] if data.has(side, f)}
+    for side in sides:
+        if not data.has(side, "word_index"):
+            raise DataError(f"the split has no {side} word structure (prepare it with a parser on the {side} side)",
+                            data.path)
+        fields[side].add("word_index")
+    for indices in length_batches(np.maximum(data.src_lengths, data.tgt_lengths), max_tokens):
+        yield collate(data, np.sort(indices), fields)
+
+
+def _left_branching_heads(n: int) -> list[int]:
+    """Each word depends on the next one; the last word is the root."""
+    return [i + 1 for i in range(n - 1)] + [n - 1] if n else []
+
+
+def _right_branching(words: list[str], n: int) -> list[tuple[int, int]]:
+    """Right-branching brackets; a sentence-final punctuation mark attaches at the top, as
+    unsupervised-parsing evaluations usually treat punctuation (else no bracket could match)."""
+    if n > 2 and len(words) == n and not any(ch.isalnum() for ch in words[-1]):
+        return [(0, n)] + right_branching_brackets(n - 1)
+    return right_branching_brackets(n)
+
+
+def _diagonal(n_src: int, n_tgt: int) -> set[tuple[int, int]]:
+    """Each target word linked to the source word at the same relative position."""
+    if n_src == 0 or n_tgt == 0:
+        return set()
+    return {(min(n_src - 1, round(j * n_src / n_tgt)), j) for j in range(n_tgt)}
+
+
+def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir: Path, side: str = "src",
+                  layer: int | None = None, gold: str | None = None, max_tokens: int = 4000) -> dict:
+    """Read structure out of ``model`` on ``data``, write it to ``out_dir`` and return the scores."""
+    n = len(data)
+    name = data.split
+    if what == "trees":
+        pred = dbsa_trees(model, _batches(model, data, (side,), max_tokens), side=side, layer=layer)
+        golds = [data.side_arrays(i, side)["heads"].tolist() for i in range(n)]
+        atomic_write_text(out_dir / f"{name}.{side}.heads", "".join(" ".join(map(str, h)) + "\n" for h in pred))
+        scores = {"uas": corpus_uas(pred, golds),
+                  "right_branching_uas": corpus_uas([right_branching_heads(len(g)) for g in golds], golds),
+                  "left_branching_uas": corpus_uas([_left_branching_heads(len(g)) for g in golds], golds),
+                  "sentences": n, "against": "the split's stored trees"}
+    elif what == "phrases":
+        if gold is None:
+            raise DataError("phrase trees are scored against gold brackets: give --gold FILE (one JSON list a line)")
+        lines = read_text(gold)
+        if len(lines) != n:
+            raise DataError(f"{len(lines)} lines of gold brackets for {n} sentences", gold)
+        golds = []
+        for number, line in enumerate(lines, start=1):
+            try:
+                golds.append([tuple(span) for span in json.loads(line)])
+            except (ValueError, TypeError):
+                raise DataError("not a JSON list of [start, end] spans", gold, number) from None
+        trees = lpsi_trees(model, _batches(model, data, (side,), max_tokens), side=side, layer=layer)
+        words = [data.raw(side)[i].split() for i in range(n)]
+        sizes = [len(t.distances) for t in trees]
+        pred = [t.brackets for t in trees]
+        atomic_write_text(out_dir / f"{name}.{side}.trees",
+                          "".join(bracket_string(w if len(w) == len(t.distances) else [str(k) for k in
+                                                 range(len(t.distances))], t.brackets) + "\n"
+                                  for w, t in zip(words, trees)))
+        baseline = [_right_branching(w, k) for w, k in zip(words, sizes)]
+        scores = {"uf": corpus_unlabeled_f1(pred, golds, n_words=sizes),
+                  "right_branching_uf": corpus_unlabeled_f1(baseline, golds, n_words=sizes),
+                  "sentences": n}
+    elif what == "align":
+        if gold is None:
+            raise DataError("alignments are scored against gold links: give --gold FILE (Pharaoh i-j / i?j)")
+        gold_links = read_pharaoh(gold)
+        if len(gold_links) != n:
+            raise DataError(f"{len(gold_links)} lines of gold alignments for {n} sentences", gold)
+        found = cross_attention_alignments(model, _batches(model, data, ("src", "tgt"), max_tokens), layer=layer)
+        sure = [s for s, _ in gold_links]
+        possible = [p for _, p in gold_links]
+        atomic_write_text(out_dir / f"{name}.align", write_pharaoh([a.symmetrised for a in found]))
+        n_words = []
+        for i in range(n):
+            src, tgt = data.side_arrays(i, "src")["word_index"], data.side_arrays(i, "tgt")["word_index"]
+            n_words.append((int(src.max()) + 1 if len(src) else 0, int(tgt.max()) + 1 if len(tgt) else 0))
+        diagonal = [_diagonal(s, t) for s, t in n_words]
+        scores = {
+            "tgt2src": corpus_aer(sure, possible, [a.tgt2src for a in found]),
+            "src2tgt": corpus_aer(sure, possible, [a.src2tgt for a in found]),
+            "grow_diag_final": corpus_aer(sure, possible, [a.symmetrised for a in found]),
+            "diagonal": corpus_aer(sure, possible, diagonal),
+            "sentences": n,
+        }
+    else:
+        raise ValueError(f"unknown analysis {what!r}")
+    atomic_write_text(out_dir / f"{name}.{what}.json", json.dumps(scores, indent=2) + "\n")
+    return scores
