@@ -700,6 +700,27 @@ def vocab_sizes(pre: Any) -> tuple[int, int]:
     return sizes[0], sizes[1]
 
 
+def check_conventions(model: Any, dataset_dir: Path) -> None:
+    """Refuse to synchronise trees of two annotation conventions (SyncAttn, both-side DBSA).
+
+    A method that reads trees on both sides compares them; a ClearNLP-style English tree and
+    a UD French tree disagree on what heads what, so the loss would teach noise.
+    """
+    needs = model.structure_needs()
+    tree_fields = {"parent_first", "parent_mid", "dist", "scene_mask", "scene_dist", "labels"}
+    if not (needs["src"] & tree_fields and needs["tgt"] & tree_fields):
+        return
+    meta_file = dataset_dir / "meta.json"
+    meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
+    parsers = meta.get("parsers") or {}
+    conventions = {side: (parsers.get(side) or {}).get("convention") for side in ("src", "tgt")}
+    if conventions["src"] != conventions["tgt"]:
+        raise ConfigError(
+            f"the methods compare source and target trees, but {dataset_dir} has {conventions['src']} trees "
+            f"on the source side and {conventions['tgt']} trees on the target side; parse both sides with "
+            "parsers of one convention (UD: `structnmt parser train`)", "data.src.parser")
+
+
 def train(cfg: ExperimentConfig, resume: bool = False,
           overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train the model ``cfg`` describes on its prepared dataset (``structnmt train``)."""
@@ -724,6 +745,7 @@ def train(cfg: ExperimentConfig, resume: bool = False,
         src_vocab, tgt_vocab = vocab_sizes(pre)
         seed_everything(t.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
         model = Transformer(cfg.model, src_vocab, tgt_vocab)
+        check_conventions(model, Path(cfg.data.dir))
         train_set = ParallelDataset(cfg.data.dir, cfg.data.train_split)
         valid_dir = Path(cfg.data.dir) / cfg.data.valid_split
         valid_set = ParallelDataset(cfg.data.dir, cfg.data.valid_split) if valid_dir.is_dir() else None
