@@ -179,6 +179,12 @@ def pairs(batch: Batch) -> torch.Tensor:
     return (v[:, :, None] & v[:, None, :])[:, None]
 
 
+def rows(batch: Batch) -> torch.Tensor:
+    """(B, 1, I, J): rows of real tokens, every key (special keys have distance 0 there)."""
+    v = batch.struct["src"]["valid"]
+    return v[:, None, :, None].expand(-1, 1, -1, v.size(1))
+
+
 def context(batch: Batch, training: bool = False) -> AttentionContext:
     ctx = AttentionContext(Site("encoder", "self", 0), batch.struct, batch.src_pad, False, training)
     ctx.q = torch.zeros(batch.size, H, L, 8)
@@ -242,8 +248,9 @@ def test_deps_san_in_all_heads_of_three_layers_equals_the_formula():
     batch = make_batch()
     s = encoder_scores(vanilla, batch, 0)
     w = gauss(batch.struct["src"]["dist"], 1.0)[:, None]
-    expected = softmax_masked(torch.where(pairs(batch), s * w, s), batch)
+    expected = softmax_masked(torch.where(rows(batch), s * w, s), batch)
     torch.testing.assert_close(probs(model, batch, 0), expected, atol=1e-5, rtol=1e-5)
+    assert float(batch.struct["src"]["dist"][0, 0, 7]) == 0.0  # EOS key: distance 0, scaled by N(0)
     default = build_methods(model_cfg([{"name": "deps_san"}]))[0]
     assert [site.layer for site in default.sites()] == [0, 1, 2] and default.head_list() == [0, 1, 2, 3]
 
@@ -253,11 +260,12 @@ def test_rs_sparsing_with_q_one_sets_every_distance_to_k():
     s = torch.randn(2, H, L, L)
     plugin = DependencyScalePlugin([0, 1, 2, 3], variance=1.0, rs_q=1.0, rs_k=6.0)
     out = plugin.scores(s, context(batch, training=True))
-    expected = torch.where(pairs(batch), s * gauss(torch.tensor(6.0), 1.0), s)
+    dist = batch.struct["src"]["dist"][:, None]
+    expected = torch.where(rows(batch), s * gauss(torch.where(pairs(batch), torch.tensor(6.0), dist), 1.0), s)
     torch.testing.assert_close(out, expected)
     exact = plugin.scores(s, context(batch, training=False))  # translation: the true distances
     true_w = gauss(batch.struct["src"]["dist"], 1.0)[:, None]
-    torch.testing.assert_close(exact, torch.where(pairs(batch), s * true_w, s))
+    torch.testing.assert_close(exact, torch.where(rows(batch), s * true_w, s))
 
 
 def test_wink_sparsing_masks_exactly_the_keys_farther_than_k():
@@ -294,7 +302,7 @@ def test_udiscal_equals_a_times_n_in_its_head_only():
     w = gauss(batch.struct["src"]["dist"], 1.0)[:, None]
     heads = torch.tensor([False, False, True, False]).view(1, H, 1, 1)
     got = probs(model, batch, 0)
-    torch.testing.assert_close(got, torch.where(heads & pairs(batch), a * w, a))
+    torch.testing.assert_close(got, torch.where(heads & rows(batch), a * w, a))
     torch.testing.assert_close(got[1, :, 4:], a[1, :, 4:])  # EOS and padding rows untouched
     assert float(got[1, :, :, 5:].detach().abs().max()) == 0.0  # padded keys stay masked
 
@@ -332,7 +340,7 @@ def test_two_methods_in_different_heads_of_one_layer_each_change_only_their_head
     a = probs(vanilla, batch, 0)
     got = probs(model, batch, 0)
     st = batch.struct["src"]
-    ok = pairs(batch)[:, 0]
+    ok = rows(batch)[:, 0]
     torch.testing.assert_close(got[:, 0], torch.where(ok, a[:, 0] * gauss(st["dist"], 1.0), a[:, 0]))
     torch.testing.assert_close(got[:, 2], a[:, 2] * st["scene_mask"].float())
     torch.testing.assert_close(got[:, [1, 3]], a[:, [1, 3]])

@@ -124,13 +124,15 @@ def cmd_translate(args: argparse.Namespace) -> int:
     device = _device(args.device)
     model, cfg, pre, dataset = _load(args.checkpoint, args.dataset, device)
     dcfg = _decoding(cfg, args)
-    if args.input in (None, "-"):
-        try:
-            lines = [line.rstrip("\r\n") for line in sys.stdin]
-        except UnicodeDecodeError as err:
-            raise DataError(f"standard input is not valid UTF-8 ({err.reason})", "<stdin>") from None
-    else:
-        lines = read_lines(args.input)
+    # standard input is read like a file (strict UTF-8, lines split on "\n" only, control
+    # characters refused), so output line n always translates input line n
+    stdin = args.input in (None, "-")
+    try:
+        lines = read_lines("/dev/stdin" if stdin else args.input)
+    except DataError as err:
+        if stdin:  # name it as the user knows it
+            raise DataError(str(err).replace("/dev/stdin", "<stdin>", 1)) from None
+        raise
     started = time.perf_counter()
     outputs = translate_lines(model, pre, lines, dcfg, device, labels=_labels(dataset),
                               source=args.input if args.input not in (None, "-") else "<stdin>")
@@ -150,7 +152,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def evaluate_run(run_dir: Path, checkpoint: str | None = None, splits: list[str] | None = None,
-             device: str = "auto", beam: int | None = None, quiet: bool = False) -> dict[str, dict]:
+                 device: str = "auto", beam: int | None = None, quiet: bool = False,
+                 long_dependency: int = 7) -> dict[str, dict]:
     """Translate a run's test splits; write ``eval/<split>.{hyp,ref,src,json}``; return scores."""
     import dataclasses
 
@@ -161,9 +164,14 @@ def evaluate_run(run_dir: Path, checkpoint: str | None = None, splits: list[str]
 
     if not run_dir.is_dir():
         raise DataError("no such run directory", run_dir)
-    ckpt = Path(checkpoint) if checkpoint else run_dir / "best.pt"
-    if not ckpt.exists():
-        ckpt = run_dir / "last.pt"
+    if checkpoint:
+        ckpt = Path(checkpoint)
+        if not ckpt.exists():
+            from structnmt.errors import CheckpointError
+
+            raise CheckpointError(f"{ckpt}: no such checkpoint")
+    else:
+        ckpt = run_dir / "best.pt" if (run_dir / "best.pt").exists() else run_dir / "last.pt"
     dev = _device(device)
     model, cfg, pre, dataset_dir = _load(str(ckpt), None, dev)
     dcfg = cfg.decoding if beam is None else dataclasses.replace(cfg.decoding, beam=beam)
@@ -187,11 +195,43 @@ def evaluate_run(run_dir: Path, checkpoint: str | None = None, splits: list[str]
         if not quiet:
             print(f"{split}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({len(hyps)} sentences, "
                   f"{seconds:.1f}s)  {scores['signature']['bleu']}")
+        if long_dependency and data.has("src", "heads"):
+            results.update(_long_dependency(run_dir, split, data, hyps, refs, long_dependency, quiet))
     return results
 
 
+def _long_dependency(run_dir: Path, split: str, data, hyps: list[str], refs: list[str], threshold: int,
+                     quiet: bool) -> dict[str, dict]:
+    """Score the sentences whose source parse has an arc of ``threshold`` words or more as a
+    test set of its own (``<split>_longdep``), chosen from the stored parse, so reproducibly."""
+    from structnmt.evaluation.challenge import long_dependency_subset
+    from structnmt.evaluation.scores import corpus_scores
+    from structnmt.io import atomic_write_text
+
+    heads = [data.side_arrays(i, "src")["heads"].tolist() for i in range(len(data))]
+    chosen = long_dependency_subset(heads, threshold)
+    if not chosen:
+        return {}
+    name = f"{split}_longdep"
+    sources = data.raw("src")
+    out = run_dir / "eval"
+    sub_hyps, sub_refs = [hyps[i] for i in chosen], [refs[i] for i in chosen]
+    scores = corpus_scores(sub_hyps, [sub_refs], metrics=("bleu", "chrf"))
+    scores.update({"subset_of": split, "threshold": threshold, "sentences": len(chosen),
+                   "lines": [i + 1 for i in chosen]})
+    atomic_write_text(out / f"{name}.hyp", "".join(h + "\n" for h in sub_hyps))
+    atomic_write_text(out / f"{name}.ref", "".join(r + "\n" for r in sub_refs))
+    atomic_write_text(out / f"{name}.src", "".join(sources[i] + "\n" for i in chosen))
+    atomic_write_text(out / f"{name}.json", json.dumps(scores, indent=2) + "\n")
+    if not quiet:
+        print(f"{name}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({len(chosen)} sentences with an "
+              f"arc of {threshold}+ words)")
+    return {name: scores}
+
+
 def cmd_test(args: argparse.Namespace) -> int:
-    evaluate_run(Path(args.run), args.checkpoint, args.splits, args.device, args.beam)
+    evaluate_run(Path(args.run), args.checkpoint, args.splits, args.device, args.beam,
+                 long_dependency=args.long_dependency)
     return 0
 
 
@@ -456,6 +496,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--splits", nargs="*")
     s.add_argument("--beam", type=int)
     s.add_argument("--device", default="auto")
+    s.add_argument("--long-dependency", dest="long_dependency", type=int, default=7, metavar="N",
+                   help="also score the sentences whose source parse has an arc of N+ words (0: off)")
     s.set_defaults(func=cmd_test)
 
     s = sub.add_parser("evaluate", help="score detokenised hypotheses with sacreBLEU")

@@ -11,7 +11,9 @@ original line number, so every later error can still point into the user's file.
 from __future__ import annotations
 
 import gzip
+import io
 import unicodedata
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,15 +42,16 @@ def _bad_char(text: str) -> str | None:
 
 
 def _open_bytes(path: Path):
-    with open(path, "rb") as probe:
-        magic = probe.read(2)
-    return gzip.open(path, "rb") if magic == b"\x1f\x8b" else open(path, "rb")
+    """A binary stream, gunzipped when the data starts with gzip's magic bytes; peeking rather
+    than reopening, so pipes (standard input) work too."""
+    raw = io.BufferedReader(open(path, "rb", buffering=0))  # noqa: SIM115 (the caller closes it)
+    return gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
 
 
 def read_raw(path: str | Path, drop_bad_lines: bool = False) -> RawLines:
     """All lines of a plain or gzip file (detected by its magic bytes, not its name)."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists() or path.is_dir():  # exists(): pipes such as /dev/stdin are not "files"
         raise DataError("file not found", path)
     out = RawLines(lines=[])
     try:
@@ -78,7 +81,7 @@ def read_raw(path: str | Path, drop_bad_lines: bool = False) -> RawLines:
                     out.bad.append(number)
                     continue
                 out.lines.append(text)
-    except (OSError, EOFError, gzip.BadGzipFile) as err:
+    except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise DataError(f"cannot read the file: {err}", path) from None
     return out
 

@@ -107,6 +107,9 @@ def _prepare(cfg: ExperimentConfig, force: bool, verbose: bool) -> Path:
     _check(data)
     out = Path(data.dir)
     config_dict = asdict(data)
+    if out.exists() and not (out / "meta.json").is_file() and (not out.is_dir() or any(out.iterdir())):
+        # prepare replaces data.dir whole: never a directory it did not make (raw corpora, say)
+        raise ConfigError(f"{out} exists and is not a structnmt dataset; choose another directory", "data.dir")
     if (out / "meta.json").is_file() and not force:
         old = json.loads((out / "meta.json").read_text(encoding="utf-8"))
         if old.get("data") == json.loads(json.dumps(config_dict)):

@@ -80,6 +80,11 @@ def translate_split(model: Transformer, dataset: ParallelDataset, pre: Preproces
     device = torch.device(device)
     fields = model.structure_needs(inference=True)
     fields = {"src": fields["src"], "tgt": set()}
+    limit = model.cfg.max_positions - 1
+    if len(dataset) and int(dataset.src_lengths.max()) > limit:
+        line = int(dataset.src_lengths.argmax()) + 1
+        raise DataError(f"{int(dataset.src_lengths.max())} sub-words; the model reads at most {limit} "
+                        "(model.max_positions)", dataset.path, line)
 
     def batches() -> Iterator[tuple[np.ndarray, Batch]]:
         for idx in length_batches(dataset.src_lengths, cfg.max_tokens):

@@ -137,7 +137,11 @@ class MultiHeadAttention(nn.Module):
                bias: Tensor | None) -> Tensor:
         p = self.dropout if self.training else 0.0
         if bias is None and key_padding is None:
-            return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal and q.size(2) > 1)
+            # is_causal aligns the mask top-left: right only when queries and keys start together
+            if not causal or q.size(2) == 1 or q.size(2) == k.size(2):
+                return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal and q.size(2) > 1)
+            return F.scaled_dot_product_attention(
+                q, k, v, attn_mask=self._allowed(None, True, q.size(2), k.size(2), q.device), dropout_p=p)
         allowed = self._allowed(key_padding, causal, q.size(2), k.size(2), q.device)
         if bias is None:
             mask: Tensor | None = allowed

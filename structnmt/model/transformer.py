@@ -34,6 +34,7 @@ class EncoderOutput:
     memory: Tensor  # (B, I, d)
     src_pad: Tensor  # (B, I) True at padding
     struct: dict[str, dict[str, Tensor]]  # the batch's structure tensors (source side used by decoding)
+    padded: bool = True  # any padding at all (known once, so decoding steps need no device sync)
 
     def index_select(self, index: Tensor) -> EncoderOutput:
         """Rows ``index`` of everything (beam expansion and shrinking)."""
@@ -41,6 +42,7 @@ class EncoderOutput:
             self.memory.index_select(0, index),
             self.src_pad.index_select(0, index),
             {side: {k: v.index_select(0, index) for k, v in f.items()} for side, f in self.struct.items()},
+            self.padded,
         )
 
 
@@ -183,7 +185,7 @@ class Transformer(nn.Module):
         x = self._embed(src, self.src_embed, "src", struct)
         for layer in self.encoder:
             x = layer(x, pad_arg, struct=struct, records=records, requested=requested, losses=losses)
-        return EncoderOutput(self.enc_norm(x), pad, struct)
+        return EncoderOutput(self.enc_norm(x), pad, struct, pad_arg is not None)
 
     def decode(self, tgt_in: Tensor, enc: EncoderOutput, struct: dict[str, dict[str, Tensor]] | None = None,
                cache: list[dict[str, Any]] | None = None, records: dict[RecordKey, Tensor] | None = None,
@@ -196,7 +198,7 @@ class Transformer(nn.Module):
             offset = cache[0]["self"]["k"].size(2)
         tgt_pad = tgt_in.eq(PAD_ID) if cache is None else None
         tgt_pad = tgt_pad if tgt_pad is not None and bool(tgt_pad.any()) else None
-        src_pad = enc.src_pad if bool(enc.src_pad.any()) else None
+        src_pad = enc.src_pad if enc.padded else None
         x = self._embed(tgt_in, self.tgt_embed, "tgt", struct, offset)
         for i, layer in enumerate(self.decoder):
             x = layer(x, enc.memory, src_pad, tgt_pad, cache=None if cache is None else cache[i], struct=struct,

@@ -700,6 +700,27 @@ def vocab_sizes(pre: Any) -> tuple[int, int]:
     return sizes[0], sizes[1]
 
 
+def check_shared_embeddings(cfg: ExperimentConfig, dataset_dir: Path) -> None:
+    """Sharing source and target embeddings is only meaningful over one joint vocabulary."""
+    meta_file = dataset_dir / "meta.json"
+    meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
+    if cfg.model.share_embeddings and meta.get("joint_vocab") is False:
+        raise ConfigError("the dataset has separate source and target vocabularies; set share_embeddings: false "
+                          "(or prepare with data.subwords.joint: true)", "model.share_embeddings")
+
+
+def check_lengths(data: Any, max_positions: int) -> None:
+    """Refuse, before training, a sentence longer than the model's positions (it would fail mid-run)."""
+    for side, lengths in (("src", data.src_lengths), ("tgt", data.tgt_lengths)):
+        if lengths is None or len(lengths) == 0:
+            continue
+        longest = int(np.argmax(lengths))
+        if int(lengths[longest]) + 1 > max_positions:
+            raise DataError(f"sentence {longest + 1} of split {data.split!r} has {int(lengths[longest])} {side} "
+                            f"sub-words; the model reads at most {max_positions - 1} (model.max_positions; or "
+                            "lower data.clean.max_len)", data.path)
+
+
 def check_conventions(model: Any, dataset_dir: Path) -> None:
     """Refuse to synchronise trees of two annotation conventions (SyncAttn, both-side DBSA).
 
@@ -744,11 +765,19 @@ def train(cfg: ExperimentConfig, resume: bool = False,
         pre = Preprocessor.from_dataset(cfg.data.dir)
         src_vocab, tgt_vocab = vocab_sizes(pre)
         seed_everything(t.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
+        check_shared_embeddings(cfg, Path(cfg.data.dir))
         model = Transformer(cfg.model, src_vocab, tgt_vocab)
         check_conventions(model, Path(cfg.data.dir))
         train_set = ParallelDataset(cfg.data.dir, cfg.data.train_split)
         valid_dir = Path(cfg.data.dir) / cfg.data.valid_split
+        if not valid_dir.is_dir() and (t.valid_every > 0 or t.early_stopping > 0):
+            splits = sorted(p.name for p in Path(cfg.data.dir).iterdir() if p.is_dir() and not p.name.startswith("."))
+            raise ConfigError(f"the dataset has no split {cfg.data.valid_split!r} to validate on "
+                              f"(splits: {', '.join(splits)})", "data.valid_split")
         valid_set = ParallelDataset(cfg.data.dir, cfg.data.valid_split) if valid_dir.is_dir() else None
+        for split in (train_set, valid_set):
+            if split is not None:
+                check_lengths(split, cfg.model.max_positions)
         vocab = {"src_vocab_size": src_vocab, "tgt_vocab_size": tgt_vocab,
                  "fingerprint": dataset_fingerprint(cfg.data.dir)}
         trainer = Trainer(cfg, model, train_set, valid_set, decode=pre.decode, vocab=vocab, ctx=ctx,

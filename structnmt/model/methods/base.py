@@ -126,9 +126,14 @@ class AttentionPlugin(nn.Module):
     def __init__(self, heads: list[int]) -> None:
         super().__init__()
         self.heads = list(heads)
+        self._head_index: dict[torch.device, Tensor] = {}
 
     def head_index(self, device: torch.device) -> Tensor:
-        return torch.tensor(self.heads, dtype=torch.long, device=device)
+        """The plug-in's heads as a tensor on ``device``, made once (no host copy per call)."""
+        cached = self._head_index.get(device)
+        if cached is None:
+            cached = self._head_index[device] = torch.tensor(self.heads, dtype=torch.long).to(device)
+        return cached
 
     def queries(self, q: Tensor, ctx: AttentionContext) -> Tensor:
         return q

@@ -74,9 +74,11 @@ class DependencyScalePlugin(AttentionPlugin):
         src = ctx.side("src")
         dist = src["dist"][:, None].to(s.dtype)  # (B, 1, I, J)
         if ctx.training and self.rs_q > 0.0:
-            sparsed = torch.rand(dist.shape, device=s.device) < self.rs_q
+            sparsed = (torch.rand(dist.shape, device=s.device) < self.rs_q) & valid_pairs(src["valid"])
             dist = dist.masked_fill(sparsed, self.rs_k)
-        apply = valid_pairs(src["valid"]) & head_mask(self.heads, s.size(1), s.device)
+        # rows of real tokens over every key: the batch gives special keys distance 0, so EOS is
+        # scaled like the token's own word (an unscaled EOS would out-score every scaled key)
+        apply = src["valid"][:, None, :, None] & head_mask(self.heads, s.size(1), s.device)
         return torch.where(apply, s * normal_density(dist, self.variance), s)
 
 

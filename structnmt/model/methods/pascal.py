@@ -17,6 +17,7 @@ the mask of cells between two real sub-words.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 
@@ -43,10 +44,18 @@ def normal_density(x: Tensor, variance: float) -> Tensor:
 
 
 def head_mask(heads: list[int], n_heads: int, device: torch.device) -> Tensor:
-    """(1, H, 1, 1) bool, True for the heads a plug-in owns: the ``torch.where`` selector."""
-    mask = torch.zeros(n_heads, dtype=torch.bool, device=device)
-    mask[heads] = True
-    return mask.view(1, n_heads, 1, 1)
+    """(1, H, 1, 1) bool, True for the heads a plug-in owns: the ``torch.where`` selector.
+
+    Built once per (heads, device) and kept: making it anew would copy a host tensor to the
+    GPU, and wait for it, in every attention call."""
+    return _head_mask(tuple(heads), n_heads, torch.device(device))
+
+
+@functools.lru_cache(maxsize=256)
+def _head_mask(heads: tuple[int, ...], n_heads: int, device: torch.device) -> Tensor:
+    mask = torch.zeros(n_heads, dtype=torch.bool)
+    mask[list(heads)] = True
+    return mask.view(1, n_heads, 1, 1).to(device)
 
 
 def valid_pairs(valid: Tensor) -> Tensor:
@@ -105,9 +114,10 @@ class PascalPlugin(AttentionPlugin):
 
     def scores(self, s: Tensor, ctx: AttentionContext) -> Tensor:
         src = ctx.side("src")
-        parent = src["parent_mid"].to(s.dtype)  # (B, I)
-        keys = torch.arange(s.size(-1), device=s.device, dtype=s.dtype)
-        weight = normal_density(keys[None, None, :] - parent[:, :, None], self.variance)  # (B, I, J)
+        # positions in float32: bf16 cannot tell 130.5 from 130 (scores may be bf16 under autocast)
+        parent = src["parent_mid"].float()  # (B, I)
+        keys = torch.arange(s.size(-1), device=s.device, dtype=torch.float32)
+        weight = normal_density(keys[None, None, :] - parent[:, :, None], self.variance).to(s.dtype)  # (B, I, J)
         # Rows of real sub-words are scaled over every key, EOS included: PASCAL's Gaussian is
         # positional, and an unscaled EOS column would otherwise out-score every scaled key.
         # Rows of EOS/padding stay as they are; padding keys are masked after this hook.

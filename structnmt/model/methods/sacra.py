@@ -9,12 +9,13 @@ Tokens in the same set of scenes get the same key, so the decoder's query weighs
 scene rather than single tokens. ``M`` is the scene membership matrix restricted to real
 source sub-words; rows of EOS and padding keep their own encoder state.
 
-What ``L`` is: the paper divides by "the source length L_src". We divide by the number of
-tokens in the row of ``M`` (``normalise: scene``, the default) so the averaged states keep
-the scale of the encoder states that the shared key projection was trained on; a token
-in a 2-token scene of a 40-token sentence would otherwise get a key 20 times smaller than
-its neighbours in the other heads. ``normalise: sentence`` is the paper's literal
-formula, with ``L`` = the number of real source sub-words (EOS and padding not counted).
+What ``L`` is: the paper divides by "the source length L_src" (``normalise: sentence``, the
+default, with ``L`` = the number of real source sub-words, EOS and padding not counted).
+``normalise: scene`` divides by the number of tokens in the row of ``M`` instead, a masked
+mean that keeps the averaged states at the scale of the encoder states the shared key
+projection was trained on (a token in a 2-token scene of a 40-token sentence otherwise gets
+a key 20 times smaller than its neighbours in the other heads); it is an ablation, not the
+paper's method.
 
 The keys are computed once per sentence: the decoder caches cross-attention keys, so
 incremental decoding pays nothing per step.
@@ -47,7 +48,7 @@ class SacraParams(MethodParams):
     attention: Literal["self", "cross"] = "cross"
     layers: list[int] = field(default_factory=lambda: [2, 3])
     heads: list[int] | int | str = field(default_factory=lambda: [0])
-    normalise: Literal["scene", "sentence"] = "scene"
+    normalise: Literal["scene", "sentence"] = "sentence"
 
     def validate(self, where: str) -> None:
         check_site(self, "decoder", "cross", where)

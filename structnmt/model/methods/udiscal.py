@@ -23,7 +23,7 @@ from structnmt.model.methods.base import (
     Site,
     register,
 )
-from structnmt.model.methods.pascal import check_range, check_site, head_mask, normal_density, valid_pairs
+from structnmt.model.methods.pascal import check_range, check_site, head_mask, normal_density
 
 
 @dataclass
@@ -47,7 +47,8 @@ class UdiscalPlugin(AttentionPlugin):
     def probs(self, a: Tensor, ctx: AttentionContext) -> Tensor:
         src = ctx.side("src")
         weight = normal_density(src["dist"][:, None].to(a.dtype), self.variance)  # (B, 1, I, J)
-        apply = valid_pairs(src["valid"]) & head_mask(self.heads, a.size(1), a.device)
+        # rows of real tokens over every key; special keys have distance 0 (like PASCAL and Deps-SAN)
+        apply = src["valid"][:, None, :, None] & head_mask(self.heads, a.size(1), a.device)
         return torch.where(apply, a * weight, a)
 
 
