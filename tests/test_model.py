@@ -108,7 +108,7 @@ def test_beam_scores_are_length_normalised_log_probabilities():
     model.eval()
     lprobs = torch.log_softmax(model.decode(tokens, model.encode(batch.src[:1])), -1)[0]
     gold = hyp.tokens + [EOS_ID]
-    logprob = sum(float(lprobs[t, w]) for t, w in enumerate(gold))
+    logprob = sum(float(lprobs[t, w].detach()) for t, w in enumerate(gold))
     assert hyp.logprob == pytest.approx(logprob, abs=1e-3)
     assert hyp.score == pytest.approx(logprob / length_penalty(len(gold), 1.0), abs=1e-3)
 
