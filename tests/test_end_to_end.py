@@ -74,3 +74,28 @@ def test_raw_text_and_the_stored_split_translate_the_same(trained):
     torch.manual_seed(0)
     raw = translate_lines(model, pre, test.raw("src"), cfg.decoding)
     assert [n[0] for n in raw] == stored
+
+
+@pytest.mark.slow
+def test_report_and_pictures_from_a_trained_model(trained, tmp_path, capsys):
+    import shutil
+
+    import matplotlib.image as mpimg
+
+    from structnmt.cli.main import main
+
+    run = trained / "run"
+    assert main(["test", str(run), "--splits", "test", "--device", "cpu"]) == 0
+    twin = tmp_path / "twin"
+    shutil.copytree(run, twin)
+    out = tmp_path / "report.md"
+    assert main(["report", str(run), str(twin), "--baseline", "run", "--out", str(out), "--samples", "200",
+                 "--plots", str(tmp_path / "pictures")]) == 0
+    text = out.read_text()
+    assert "| run |" in text and "| twin |" in text and "test" in text
+    assert "structnmt" in text and "torch" in text  # commands and versions are stated
+    assert main(["plot", "attention", "--checkpoint", str(run / "last.pt"), "--split", "test", "--line", "3",
+                 "--out", str(tmp_path / "pictures" / "attention.png")]) == 0
+    for name in ("curves.png", "bleu_by_length_test.png", "attention.png"):
+        image = mpimg.imread(tmp_path / "pictures" / name)
+        assert image.shape[0] > 100 and image.shape[1] > 100 and float(image.std()) > 0.01, name

@@ -330,40 +330,60 @@ def _report_plots(args: argparse.Namespace, out: Path) -> None:
 
 def cmd_plot_attention(args: argparse.Namespace) -> int:
     import numpy as np
+    import torch
 
-    from structnmt.data.batching import collate_examples
+    from structnmt.data.batch import BOS_ID, Batch
+    from structnmt.data.batching import collate, collate_examples
+    from structnmt.data.dataset import ParallelDataset
+    from structnmt.decoding.search import beam_search
     from structnmt.visualisation.attention import plot_attention
 
     model, cfg, pre, dataset = _load(args.checkpoint, args.dataset, _device("cpu"))
     fields = model.structure_needs(inference=True)
-    fields["src"] |= {"word_index"}
-    with_tree = pre.parser("src", "translate") is not None
-    ex = pre.encode_sources([args.sentence], with_structure=with_tree)[0]
-    batch = collate_examples([ex], fields, _labels(dataset))
+    fields = {"src": fields["src"] | {"word_index"}, "tgt": set()}
+    heads = scenes_members = None
+    if args.sentence is not None:  # raw text: parsed if a method needs it and the parser can
+        parser_ok = pre.side_cfg("src").parser.backend not in ("none", "conllu")
+        if fields["src"] - {"word_index"} and not parser_ok:
+            raise ConfigError("this model needs source trees and the dataset's parser cannot parse new text; "
+                              "use --split and --line", "--sentence")
+        ex = pre.encode_sources([args.sentence], with_structure=parser_ok)[0]
+        if ex.src.word_index is None:
+            fields["src"].discard("word_index")
+        batch = collate_examples([ex], fields, _labels(dataset))
+        if ex.src.tree is not None:
+            heads, word_index = ex.src.tree.heads, np.asarray(ex.src.word_index)
+            scenes_members = ex.src.scenes.members if ex.src.scenes is not None else None
+    else:  # a sentence of a prepared split, with its stored structure
+        data = ParallelDataset(dataset, args.split)
+        if not 1 <= args.line <= len(data):
+            raise DataError(f"line {args.line} is outside 1..{len(data)}", data.path)
+        i = args.line - 1
+        fields["src"] = {f for f in fields["src"] if data.has("src", f)}
+        full = collate(data, np.array([i]), fields)
+        batch = Batch(full.src, struct={"src": full.struct["src"], "tgt": {}})
+        arrays = data.side_arrays(i, "src")
+        if "heads" in arrays:
+            heads, word_index = arrays["heads"].tolist(), np.asarray(arrays["word_index"])
+            if "scene_members" in arrays:
+                scenes_members = [tuple(m) for m in np.asarray(arrays["scene_members"]).reshape(-1, 2)]
     layer = args.layer - 1
     key = ("encoder", layer, "self", "probs") if args.attention == "encoder" else ("decoder", layer, "cross", "probs")
-    import torch
-
-    from structnmt.data.batch import BOS_ID, Batch
-    from structnmt.decoding.search import beam_search
-
     hyp = beam_search(model, batch, beam=cfg.decoding.beam)[0][0]
     tgt_in = torch.tensor([[BOS_ID] + hyp.tokens])
-    full = Batch(batch.src, tgt_in, tgt_in, struct=batch.struct)
     with torch.no_grad():
-        out = model(full, record={key})
+        out = model(Batch(batch.src, tgt_in, tgt_in, struct=batch.struct), record={key})
     weights = out.records[key][0, args.head].float().numpy()
-    src_tokens = [pre.subwords["src"].piece(int(i)) for i in batch.src[0]]
-    tgt_tokens = ["<s>"] + [pre.subwords["tgt"].piece(int(i)) for i in hyp.tokens]
-    arcs, scenes = None, None
-    if ex.src.tree is not None and args.attention == "encoder":
-        wi = np.asarray(ex.src.word_index)
-        first = {int(w): int(np.flatnonzero(wi == w)[0]) for w in np.unique(wi)}
-        arcs = [(first[d], first[h]) for d, h in enumerate(ex.src.tree.heads) if d != h]
-        if ex.src.scenes is not None:
+    src_tokens = [pre.subwords["src"].piece(int(t)) for t in batch.src[0]]
+    tgt_tokens = ["<s>"] + [pre.subwords["tgt"].piece(int(t)) for t in hyp.tokens]
+    arcs = scenes = None
+    if heads is not None and args.attention == "encoder":
+        first = {int(w): int(np.flatnonzero(word_index == w)[0]) for w in np.unique(word_index)}
+        arcs = [(first[d], first[h]) for d, h in enumerate(heads) if d != h]
+        if scenes_members:
             groups: dict[int, list[int]] = {}
-            for word, scene in ex.src.scenes.members:
-                groups.setdefault(scene, []).extend(np.flatnonzero(wi == word).tolist())
+            for word, scene in scenes_members:
+                groups.setdefault(int(scene), []).extend(np.flatnonzero(word_index == word).tolist())
             scenes = [sorted(g) for g in groups.values()]
     rows = src_tokens if args.attention == "encoder" else tgt_tokens
     plot_attention(weights, rows, src_tokens, Path(args.out), arcs=arcs, scenes=scenes,
@@ -529,7 +549,10 @@ def build_parser() -> argparse.ArgumentParser:
     psub = s.add_subparsers(dest="what", required=True)
     a = psub.add_parser("attention", help="attention heat map of one sentence, with arcs or scenes")
     a.add_argument("--checkpoint", required=True)
-    a.add_argument("--sentence", required=True)
+    which = a.add_mutually_exclusive_group(required=True)
+    which.add_argument("--sentence", help="raw source text")
+    which.add_argument("--line", type=int, help="1-based line of a prepared split (uses its stored trees)")
+    a.add_argument("--split", default="test", help="with --line")
     a.add_argument("--attention", choices=["encoder", "cross"], default="encoder")
     a.add_argument("--layer", type=int, default=1, help="1-based")
     a.add_argument("--head", type=int, default=0, help="0-based")
