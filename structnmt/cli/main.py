@@ -359,7 +359,6 @@ def cmd_plot_attention(args: argparse.Namespace) -> int:
         if not 1 <= args.line <= len(data):
             raise DataError(f"line {args.line} is outside 1..{len(data)}", data.path)
         i = args.line - 1
-        fields["src"] = {f for f in fields["src"] if data.has("src", f)}
         full = collate(data, np.array([i]), fields)
         batch = Batch(full.src, struct={"src": full.struct["src"], "tgt": {}})
         arrays = data.side_arrays(i, "src")

@@ -104,7 +104,7 @@ class _Run:
 
     @property
     def methods(self) -> str:
-        method = self.info.get("method")
+        method = self.info.get("methods", self.info.get("method"))  # the trainer writes "methods"
         if isinstance(method, list):
             return ", ".join(str(m) for m in method) or "transformer"
         return str(method) if method else "–"
@@ -187,7 +187,8 @@ def build_report(
     lines.append("| Run | " + " | ".join(VERSION_KEYS) + " |")
     lines.append("|---" * (len(VERSION_KEYS) + 1) + "|")
     for run in runs:
-        versions = run.info.get("versions") or {}
+        # the trainer writes the versions at the top level of run.json
+        versions = run.info.get("versions") or {k: run.info[k] for k in VERSION_KEYS if k in run.info}
         lines.append(f"| {run.name} | " + " | ".join(str(versions.get(k, "–")) for k in VERSION_KEYS) + " |")
     text = "\n".join(lines) + "\n"
     if out is not None:

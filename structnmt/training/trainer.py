@@ -458,6 +458,7 @@ class Trainer:
             "python": platform.python_version(),
             "torch": torch.__version__,
             "structnmt": structnmt.__version__,
+            "sacrebleu": _version("sacrebleu"),
             "parameters": sum(p.numel() for p in self.updater.model.parameters()),
             "dataset": self.cfg.data.dir if self.cfg.data is not None else None,
             "methods": [m.get("name") for m in self.cfg.model.methods],
@@ -698,6 +699,15 @@ def vocab_sizes(pre: Any) -> tuple[int, int]:
         size = getattr(pre, f"{side}_vocab_size", None)
         sizes.append(int(size if size is not None else pre.subwords[side].vocab_size))
     return sizes[0], sizes[1]
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "-"
 
 
 def check_shared_embeddings(cfg: ExperimentConfig, dataset_dir: Path) -> None:
