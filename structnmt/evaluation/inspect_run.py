@@ -97,7 +97,7 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
             except (ValueError, TypeError):
                 raise DataError("not a JSON list of [start, end] spans", gold, number) from None
         trees = lpsi_trees(model, _batches(model, data, (side,), max_tokens), side=side, layer=layer)
-        words = [data.raw(side)[i].split() for i in range(n)]
+        words = [line.split() for line in data.raw(side)]  # raw() reads the file: once, not per sentence
         sizes = [len(t.distances) for t in trees]
         pred = [t.brackets for t in trees]
         atomic_write_text(out_dir / f"{name}.{side}.trees",
