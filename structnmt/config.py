@@ -229,6 +229,9 @@ class ModelConfig:
     positional: Literal["sinusoidal", "learned", "none"] = "sinusoidal"
     max_positions: int = 1024
     methods: list[dict[str, Any]] = field(default_factory=list)  # structure-aware plug-ins, see model.methods
+    # how attention without score-matrix plug-ins is computed (same function either way):
+    # auto = PyTorch's fused kernel, except bf16/fp16 on a CPU where the explicit path is faster
+    attention_kernel: Literal["auto", "fused", "explicit"] = "auto"
 
     def validate(self, where: str) -> None:
         _need(self.enc_layers >= 1, "must be at least 1", f"{where}.enc_layers")

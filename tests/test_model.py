@@ -70,6 +70,22 @@ def test_fused_and_explicit_attention_agree():
     assert float(dec.detach().triu(1).abs().max()) == 0.0  # causal
 
 
+def test_attention_kernel_choice_changes_the_path_not_the_function():
+    torch.manual_seed(0)
+    fused = tiny(attention_kernel="fused").eval()
+    torch.manual_seed(0)
+    explicit = tiny(attention_kernel="explicit").eval()
+    batch = toy_batch()
+    torch.testing.assert_close(explicit(batch).logits, fused(batch).logits, atol=1e-5, rtol=1e-5)
+    attn = tiny().encoder[0].self_attn  # auto
+    q32 = torch.zeros(1, 4, 2, 8)
+    assert not attn.prefers_explicit(q32)  # fp32: fused kernel
+    assert attn.prefers_explicit(q32.bfloat16())  # bf16 on a CPU: explicit is faster
+    assert attn.prefers_explicit(q32.half())
+    assert explicit.encoder[0].self_attn.prefers_explicit(q32)
+    assert not fused.encoder[0].self_attn.prefers_explicit(q32.bfloat16())
+
+
 def test_cached_decoding_equals_full_decoding():
     model = tiny().eval()
     batch = toy_batch()

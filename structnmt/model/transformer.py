@@ -71,7 +71,7 @@ class EncoderLayer(nn.Module):
         super().__init__()
         self.pre_norm = cfg.norm == "pre"
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout,
-                                            Site("encoder", "self", layer))
+                                            Site("encoder", "self", layer), cfg.attention_kernel)
         self.ffn = FeedForward(cfg.d_model, cfg.d_ff, cfg.activation_dropout)
         self.norm1 = nn.LayerNorm(cfg.d_model)
         self.norm2 = nn.LayerNorm(cfg.d_model)
@@ -91,9 +91,9 @@ class DecoderLayer(EncoderLayer):
     def __init__(self, cfg: ModelConfig, layer: int) -> None:
         super().__init__(cfg, layer)
         self.self_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout,
-                                            Site("decoder", "self", layer))
+                                            Site("decoder", "self", layer), cfg.attention_kernel)
         self.cross_attn = MultiHeadAttention(cfg.d_model, cfg.n_heads, cfg.attention_dropout,
-                                             Site("decoder", "cross", layer))
+                                             Site("decoder", "cross", layer), cfg.attention_kernel)
         self.norm3 = nn.LayerNorm(cfg.d_model)
 
     def forward(self, x: Tensor, memory: Tensor, src_pad: Tensor | None, tgt_pad: Tensor | None,
