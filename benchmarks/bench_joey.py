@@ -178,9 +178,9 @@ def joey_decode(python: Path, config: Path, threads: int, checkpoint: str | None
 
 
 def structnmt_train(dataset: Path, steps: int, log_every: int, threads: int,
-                    max_tokens: int) -> tuple[float, int, Path]:
-    run = WORK / "structnmt"
-    sets = {"data.dir": dataset, "training.out_dir": run, "training.max_steps": steps,
+                    max_tokens: int, precision: str = "auto") -> tuple[float, int, Path]:
+    run = WORK / ("structnmt" if precision == "auto" else f"structnmt_{precision}")
+    sets = {"training.precision": precision, "data.dir": dataset, "training.out_dir": run, "training.max_steps": steps,
             "training.log_every": log_every, "training.valid_every": 0, "training.valid_bleu": "false",
             "training.tensorboard": "false", "training.progress": "false", "training.threads": threads,
             "training.max_minutes": 0, "training.device": "cpu", "training.max_tokens": max_tokens}
@@ -188,9 +188,9 @@ def structnmt_train(dataset: Path, steps: int, log_every: int, threads: int,
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
     shutil.rmtree(run, ignore_errors=True)
-    result = common.run_command(cmd, env=thread_env(threads), log=WORK / "structnmt_train.out")
+    result = common.run_command(cmd, env=thread_env(threads), log=WORK / f"{run.name}_train.out")
     if result.returncode != 0:
-        sys.exit(f"error: structnmt training failed (see {WORK / 'structnmt_train.out'}):\n{result.output[-3000:]}")
+        sys.exit(f"error: structnmt training failed (see {WORK / f'{run.name}_train.out'}):\n{result.output[-3000:]}")
     rates = []
     for line in (run / "log.jsonl").read_text(encoding="utf-8").splitlines():
         record = json.loads(line)
@@ -238,6 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--checkpoint", help="trained structnmt checkpoint for decoding (on the plain dataset)")
     parser.add_argument("--joey-checkpoint", help="trained Joey NMT checkpoint for decoding")
     parser.add_argument("--skip-train", action="store_true", help="decoding only (needs both checkpoints)")
+    parser.add_argument("--fp32-too", action="store_true",
+                        help="also train structnmt in fp32 (Joey NMT trains in fp32 on a CPU; structnmt's "
+                             "default precision 'auto' is bf16 on CPUs with native bf16)")
     parser.add_argument("--name", default="joey", help="report: benchmarks/results/NAME.md")
     args = parser.parse_args(argv)
     if args.skip_train and not (args.checkpoint and args.joey_checkpoint):
@@ -269,11 +272,16 @@ def main(argv: list[str] | None = None) -> int:
         checkpoint = checkpoint or str(last)
         print(f"structnmt: {ours_tps:.0f} target tokens/s (peak RSS {common.mib(ours_rss)}); "
               f"ratio {ours_tps / joey_tps:.2f}x (target >= 2x)")
+        rows = [["Joey NMT 2.3.0 (fp32)", round(joey_tps), "1.00x", common.mib(joey_rss)],
+                ["structnmt (precision auto: bf16 autocast here)", round(ours_tps), f"**{ours_tps / joey_tps:.2f}x**",
+                 common.mib(ours_rss)]]
+        if args.fp32_too:
+            fp32_tps, fp32_rss, _ = structnmt_train(dataset, args.steps, args.log_every, args.threads,
+                                                    args.max_tokens, precision="fp32")
+            print(f"structnmt fp32: {fp32_tps:.0f} target tokens/s; ratio {fp32_tps / joey_tps:.2f}x")
+            rows.append(["structnmt (fp32)", round(fp32_tps), f"{fp32_tps / joey_tps:.2f}x", common.mib(fp32_rss)])
         sections.append(("Training (target: structnmt >= 2x Joey NMT)", common.markdown_table(
-            ["toolkit", "target tokens/s", "peak RSS (whole command)"],
-            [["Joey NMT 2.3.0", round(joey_tps), common.mib(joey_rss)],
-             ["structnmt", round(ours_tps), common.mib(ours_rss)],
-             ["ratio", f"**{ours_tps / joey_tps:.2f}x**", ""]])))
+            ["toolkit", "target tokens/s", "against Joey NMT", "peak RSS (whole command)"], rows)))
 
     joey = joey_decode(python, config, args.threads, args.joey_checkpoint, dataset / "spm.model")
     print(f"Joey NMT decoding: {joey['sentences']} sentences in {joey['seconds']:.1f}s "

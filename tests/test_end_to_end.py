@@ -99,3 +99,27 @@ def test_report_and_pictures_from_a_trained_model(trained, tmp_path, capsys):
     for name in ("curves.png", "bleu_by_length_test.png", "attention.png"):
         image = mpimg.imread(tmp_path / "pictures" / name)
         assert image.shape[0] > 100 and image.shape[1] > 100 and float(image.std()) > 0.01, name
+
+
+@pytest.mark.slow
+def test_inspect_align_writes_links_that_score_as_reported(trained, tmp_path, capsys):
+    import json
+
+    from structnmt.cli.main import main
+    from structnmt.evaluation.alignment import corpus_aer, read_pharaoh
+
+    run, gold = trained / "run", trained / "data" / "test.align"
+    out = tmp_path / "inspect"
+    assert main(["inspect", "align", str(run), "--gold", str(gold), "--out", str(out)]) == 0
+    scores = json.loads(capsys.readouterr().out)
+    written = read_pharaoh(out / "test.align")
+    assert len(written) == 40 and any(sure for sure, _ in written)
+    links = [sure for sure, _ in written]
+    golds = read_pharaoh(gold)
+    again = corpus_aer([s for s, _ in golds], [p for _, p in golds], links)
+    assert scores["grow_diag_final"]["aer"] == pytest.approx(again["aer"])
+    assert 0.0 < scores["diagonal"]["aer"] < 1.0 and scores["sentences"] == 40
+    # asking for phrase trees of a model without LPSI, or scores without gold, is a clear error
+    assert main(["inspect", "align", str(run), "--out", str(out)]) == 2
+    assert "give --gold" in capsys.readouterr().err
+    assert main(["inspect", "phrases", str(run), "--gold", str(gold), "--out", str(out)]) != 0

@@ -332,18 +332,30 @@ def test_dbsa_trees_read_first_subwords_and_return_trees_in_example_order():
     assert dbsa_trees(model, [batch]) == [[1, 1], [1, 1, 1]]
 
 
-def test_lpsi_trees_use_last_subword_distances():
+def test_lpsi_trees_read_word_boundaries_from_first_or_last_subwords():
     model = make_model([{"name": "lpsi", "sides": ["src"]}])
     batch = make_batch()
-    trees = lpsi_trees(model, [batch])
+    before = lpsi_trees(model, [batch])  # auto: the encoder reads boundaries before its tokens
+    after = lpsi_trees(model, [batch], boundary="after")
+    assert before == lpsi_trees(model, [batch], boundary="before")
     model.eval()
     with torch.no_grad():
         dist = model(batch, record={("encoder", 0, "self", "distance")}).records[
             ("encoder", 0, "self", "distance")].mean(1)
-    # example 1 is batch row 0: words at positions [0], [1, 2], [3] -> last sub-words 0, 2, 3
-    assert trees[1].distances == pytest.approx(dist[0, [0, 2, 3]].tolist())
-    assert trees[1].brackets[0] == (0, 3) and len(trees[1].brackets) == 2
-    assert trees[0].brackets == [(0, 2)]
+    # example 1 is batch row 0: words at positions [0], [1, 2], [3]
+    # before: the boundary w-1|w is the distance at word w's first sub-word -> positions 1, 3
+    assert before[1].distances == pytest.approx(dist[0, [1, 3]].tolist())
+    # after: the boundary w|w+1 is the distance at word w's last sub-word -> positions 0, 2
+    assert after[1].distances == pytest.approx(dist[0, [0, 2]].tolist())
+    for trees, row in ((before, [1, 3]), (after, [0, 2])):
+        d = dist[0, row]
+        inner = (0, 2) if d[1] > d[0] else (1, 3)  # split at the larger boundary first, the rest is binary
+        assert trees[1].words == 3 and trees[1].brackets == [(0, 3), inner]
+        assert trees[0].brackets == [(0, 2)] and trees[0].words == 2
+    both = make_model([{"name": "lpsi", "sides": ["src", "tgt"]}])
+    target = lpsi_trees(both, [batch], side="tgt")  # auto: the decoder reads boundaries after its tokens
+    assert target == lpsi_trees(both, [batch], side="tgt", boundary="after")
+    assert target != lpsi_trees(both, [batch], side="tgt", boundary="before")
 
 
 def test_cross_attention_alignments_are_word_level_links():

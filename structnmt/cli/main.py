@@ -448,7 +448,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     data = ParallelDataset(dataset, args.split)
     out = Path(args.out or run / "inspect")
     layer = None if args.layer is None else args.layer - 1
-    scores = inspect_split(model, data, args.what, out, side=args.side, layer=layer, gold=args.gold)
+    scores = inspect_split(model, data, args.what, out, side=args.side, layer=layer, gold=args.gold,
+                           boundary=args.boundary)
     print(json.dumps(scores, indent=2))
     print(f"written to {out}", file=sys.stderr)
     return 0
@@ -595,6 +596,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--side", choices=["src", "tgt"], default="src")
     s.add_argument("--layer", type=int, help="1-based; default: the method's first layer, penultimate for align")
     s.add_argument("--gold", help="gold brackets (JSON lines) for phrases, gold alignments (Pharaoh) for align")
+    s.add_argument("--boundary", choices=["auto", "before", "after"], default="auto",
+                   help="phrases: the word boundary a token's LPSI distance marks: before it (PRPN) or after "
+                        "it (the paper's wording); auto: before on the source side, after on the target side")
     s.add_argument("--dataset")
     s.add_argument("--out", help="default: RUN/inspect")
     s.add_argument("--device", default="cpu")

@@ -123,19 +123,36 @@ def dbsa_trees(model: Transformer, batches: Iterable[Batch], side: Literal["src"
 
 @dataclass
 class InducedTree:
-    distances: list[float]  # one per word: the distance at the word's last sub-word
+    distances: list[float]  # the n−1 boundary distances between consecutive words
     brackets: list[Span]
+    words: int
 
 
 def lpsi_trees(model: Transformer, batches: Iterable[Batch], side: Literal["src", "tgt"] = "src",
-               layer: int | None = None) -> list[InducedTree]:
+               layer: int | None = None,
+               boundary: Literal["auto", "before", "after"] = "auto") -> list[InducedTree]:
     """Per sentence, the phrase structure of LPSI's distances (``layer`` 0-based; default the first).
 
-    A token's distance belongs to the boundary after it (the paper's span (i, i+1)), so a word's
-    distance is the one at its *last* sub-word: the boundary between the word and the next.
-    The tree splits top-down at the largest of the first n−1 word distances (Shen et al. 2018).
-    Distances are the mean over the layer's gated heads.
+    Which word boundary a token's distance marks is not fixed by the model: the convolution
+    and the gate are the same either way, and each side learns its own reading.
+
+    * ``before``: ``d_i`` is the boundary between tokens i−1 and i (PRPN's reading: the gate
+      lets query t see back to the nearest j with ``d_j > d_t``, j included, so a large ``d_j``
+      opens a constituent at j). A word's distance is the one at its *first* sub-word; words
+      1..n−1 give the n−1 boundaries.
+    * ``after``: the paper's wording, ``d_i`` belongs to the span (i, i+1). A word's distance is
+      the one at its *last* sub-word; words 0..n−2 give the boundaries. A decoder position
+      predicts the next token, so its distance can anticipate the boundary that follows.
+    * ``auto``: ``before`` for the encoder, ``after`` for the decoder (the paper scores trees
+      on the decoder side). Chosen on the demo task's validation split, where the other
+      reading scores far below a right-branching tree on each side (docs/results.md).
+
+    The tree splits top-down at the largest boundary distance (Shen et al. 2018). Distances
+    are the mean over the layer's gated heads. ``InducedTree.distances`` holds the n−1
+    boundary distances that were split.
     """
+    if boundary == "auto":
+        boundary = "before" if side == "src" else "after"
     layers = _sites(model, ("lpsi",), side)
     if not layers:
         raise ValueError(f"the model has no LPSI layer on the {side} side")
@@ -145,9 +162,12 @@ def lpsi_trees(model: Transformer, batches: Iterable[Batch], side: Literal["src"
         dist = records[key].float().mean(1).cpu().numpy()  # (B, L)
         word_index = _word_index(batch, side).cpu().numpy()
         for b, index in enumerate(_indices(batch)):
-            _, last = _words(word_index[b])
-            words = [float(x) for x in dist[b][last]]
-            out.append((index, InducedTree(words, tree_from_distances(words[:-1]) if words else [])))
+            first, last = _words(word_index[b])
+            if boundary == "before":
+                bounds = [float(x) for x in dist[b][first[1:]]]
+            else:
+                bounds = [float(x) for x in dist[b][last[:-1]]]
+            out.append((index, InducedTree(bounds, tree_from_distances(bounds) if len(first) else [], len(first))))
     return _in_order(out)
 
 

@@ -72,7 +72,8 @@ def _diagonal(n_src: int, n_tgt: int) -> set[tuple[int, int]]:
 
 
 def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir: Path, side: str = "src",
-                  layer: int | None = None, gold: str | None = None, max_tokens: int = 4000) -> dict:
+                  layer: int | None = None, gold: str | None = None, max_tokens: int = 4000,
+                  boundary: str = "auto") -> dict:
     """Read structure out of ``model`` on ``data``, write it to ``out_dir`` and return the scores."""
     n = len(data)
     name = data.split
@@ -96,13 +97,14 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
                 golds.append([tuple(span) for span in json.loads(line)])
             except (ValueError, TypeError):
                 raise DataError("not a JSON list of [start, end] spans", gold, number) from None
-        trees = lpsi_trees(model, _batches(model, data, (side,), max_tokens), side=side, layer=layer)
+        trees = lpsi_trees(model, _batches(model, data, (side,), max_tokens), side=side, layer=layer,
+                           boundary=boundary)  # type: ignore[arg-type]
         words = [line.split() for line in data.raw(side)]  # raw() reads the file: once, not per sentence
-        sizes = [len(t.distances) for t in trees]
+        sizes = [t.words for t in trees]
         pred = [t.brackets for t in trees]
         atomic_write_text(out_dir / f"{name}.{side}.trees",
-                          "".join(bracket_string(w if len(w) == len(t.distances) else [str(k) for k in
-                                                 range(len(t.distances))], t.brackets) + "\n"
+                          "".join(bracket_string(w if len(w) == t.words else [str(k) for k in range(t.words)],
+                                                 t.brackets) + "\n"
                                   for w, t in zip(words, trees)))
         baseline = [_right_branching(w, k) for w, k in zip(words, sizes)]
         scores = {"uf": corpus_unlabeled_f1(pred, golds, n_words=sizes),

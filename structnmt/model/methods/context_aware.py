@@ -66,9 +66,8 @@ def gated(x: Tensor, c: Tensor, v_x: Tensor, v_c: Tensor) -> Tensor:
     """(1 − λ) x + λ c with λ = sigmoid(x·v_x + c·v_c) per head and position.
 
     ``x`` (B, h, L, d_head); ``c`` broadcastable to it; ``v_x``/``v_c`` (h, d_head)."""
-    lam = torch.sigmoid((x * v_x[None, :, None, :]).sum(-1, keepdim=True)
-                        + (c * v_c[None, :, None, :]).sum(-1, keepdim=True))
-    return (1.0 - lam) * x + lam * c
+    lam = torch.sigmoid(torch.matmul(x, v_x[:, :, None].to(x.dtype)) + torch.matmul(c, v_c[:, :, None].to(c.dtype)))
+    return torch.lerp(x, c.to(x.dtype).expand_as(x), lam)  # (1 − λ) x + λ c in one pass
 
 
 class ContextAwarePlugin(AttentionPlugin):
@@ -111,6 +110,8 @@ class ContextAwarePlugin(AttentionPlugin):
         return proj(c).view(b, length, len(self.heads), self.d_head).transpose(1, 2)
 
     def _mix(self, x: Tensor, c_hat: Tensor, v_x: Tensor, v_c: Tensor) -> Tensor:
+        if self.heads == list(range(x.size(1))):  # every head, in order: no gather/scatter copies
+            return gated(x, c_hat, v_x, v_c)
         idx = self.head_index(x.device)
         mixed = gated(x.index_select(1, idx), c_hat, v_x, v_c)
         return x.index_copy(1, idx, mixed)  # out of place: other heads pass through untouched
