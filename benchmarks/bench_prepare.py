@@ -29,6 +29,8 @@ from bench_train import BASE_CONFIG  # noqa: E402
 
 UD_PARSER = "parsers/en_ud/model-best"
 MULTI30K = common.ROOT.parent / "shared" / "data" / "multi30k"
+#: the stages ``prepare`` times (meta.json "seconds"); parsing happens inside the third
+STAGES = ["read_clean", "subwords_train", "tokenise_parse_encode", "store"]
 
 
 def head_gz(source: Path, target: Path, n: int) -> int:
@@ -43,8 +45,11 @@ def head_gz(source: Path, target: Path, n: int) -> int:
     return count
 
 
-def time_prepare(src: Path, tgt: Path, parser: str, processes: int, vocab_size: int, scratch: Path) -> float:
-    """Seconds of one cold ``prepare`` (fresh cache and output directory)."""
+def time_prepare(src: Path, tgt: Path, parser: str, processes: int, vocab_size: int,
+                 scratch: Path) -> tuple[float, dict[str, float]]:
+    """Seconds of one cold ``prepare`` (fresh cache and output directory), and of its stages."""
+    import json
+
     from structnmt.config import load_config
     from structnmt.data.prepare import prepare
 
@@ -64,7 +69,8 @@ def time_prepare(src: Path, tgt: Path, parser: str, processes: int, vocab_size: 
     cfg = load_config(BASE_CONFIG, overrides)
     started = time.perf_counter()
     prepare(cfg, verbose=False)
-    return time.perf_counter() - started
+    seconds = time.perf_counter() - started
+    return seconds, json.loads((out / "meta.json").read_text(encoding="utf-8")).get("seconds", {})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,17 +102,20 @@ def main(argv: list[str] | None = None) -> int:
         head_gz(args.data / "train.de.gz", tgt, args.sentences)
         for processes in args.processes:
             try:
-                seconds = time_prepare(src, tgt, model, processes, args.vocab_size, scratch)
+                seconds, stages = time_prepare(src, tgt, model, processes, args.vocab_size, scratch)
             except StructNMTError as err:
                 print(f"error: {err}", file=sys.stderr)
                 return 2
-            print(f"{processes} process(es): {n} sentences in {seconds:.1f}s = {n / seconds:.0f} sentences/s")
-            rows.append([processes, n, round(seconds, 1), round(n / seconds)])
+            print(f"{processes} process(es): {n} sentences in {seconds:.1f}s = {n / seconds:.0f} sentences/s; "
+                  f"stages (s): {stages}")
+            rows.append([processes, n, round(seconds, 1), round(n / seconds)]
+                        + [stages.get(k, "") for k in STAGES])
     speedup = [[r[0], f"{r[3] / rows[0][3]:.2f}x"] for r in rows]
     sections = [
         ("Setup", f"First {n} Multi30k En->De training pairs; parser `{model}`; scenes from the trees; joint "
                   f"SentencePiece of {args.vocab_size}; cold parse cache every run."),
-        ("prepare throughput", common.markdown_table(["processes", "sentences", "seconds", "sentences/s"], rows)),
+        ("prepare throughput (stages in seconds, from the dataset's meta.json)", common.markdown_table(
+            ["processes", "sentences", "seconds", "sentences/s", *STAGES], rows)),
         (f"Speed-up over {rows[0][0]} process(es)", common.markdown_table(["processes", "speed-up"], speedup)),
     ]
     path = common.write_report(args.name, "Preprocessing throughput", sections, info)

@@ -168,13 +168,13 @@ def vanilla_training(config: str, dataset: str, steps: int, warmup: int, threads
 # the benchmark
 
 
-def recipes(pattern: str, selected: list[str] | None) -> dict[str, str]:
+def recipes(pattern: str, selected: list[str] | None, base: str = BASE_CONFIG) -> dict[str, str]:
     """Method recipes by short name (``configs/multi30k_en_de_dbsa.yaml`` -> ``dbsa``)."""
     prefix = pattern.split("*")[0]
     found = {}
     for path in sorted(Path(".").glob(pattern)):
         name = path.stem[len(Path(prefix).name):]
-        if path.as_posix() != BASE_CONFIG:
+        if path.as_posix() != Path(base).as_posix():
             found[name] = path.as_posix()
     if selected is None:
         return found
@@ -252,7 +252,7 @@ def main(argv: list[str] | None = None) -> int:
     selected = None if args.methods is None else [m for m in args.methods if m != "none"]
     rows, skipped = [], []
     pairs: list[tuple[Variant, list[float], list[float]]] = []
-    for name, recipe in recipes(args.recipes, selected).items():
+    for name, recipe in recipes(args.recipes, selected, args.config).items():
         cfg = load_config(recipe, {"data.dir": str(dataset)})
         from structnmt.model.transformer import Transformer
 

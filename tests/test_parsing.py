@@ -183,3 +183,23 @@ def test_spacy_tree_matches_conllu_of_the_same_parse(tmp_path: Path) -> None:
     word_index = np.repeat(np.arange(len(tree)), 2).astype(np.int32)  # two sub-words per word
     for a, b in zip(project(tree, word_index), project(stored, word_index)):
         np.testing.assert_array_equal(a, b)
+
+
+def test_spacy_worker_processes_give_the_same_trees_in_order(monkeypatch) -> None:
+    from structnmt.data.parsing import spacy_backend
+    from structnmt.data.parsing.spacy_backend import SpacyParser
+
+    name = _spacy()
+    monkeypatch.setattr(spacy_backend, "CHUNK", 3)  # 10 lines -> 4 chunks over 2 workers
+    texts = [f"The {adj} dog number {k} chased a cat ." for k, adj in
+             enumerate(["big", "small", "red", "old", "young", "quick", "lazy", "tall", "short", "green"])]
+    alone = SpacyParser(name).parse(texts)
+    shared = SpacyParser(name, processes=2)
+    calls = []
+    real = shared._parse_in_workers
+    monkeypatch.setattr(shared, "_parse_in_workers", lambda *a: calls.append(1) or real(*a))
+    together = shared.parse(texts)
+    assert calls == [1]  # the pool was used
+    assert [(t.text, t.words, t.heads, t.labels) for t in together] == \
+        [(t.text, t.words, t.heads, t.labels) for t in alone]
+    assert [t.text for t in together] == texts  # in input order

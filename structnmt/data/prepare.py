@@ -18,6 +18,7 @@ import json
 import os
 import shutil
 import tempfile
+import time
 from dataclasses import asdict
 from pathlib import Path
 
@@ -146,6 +147,10 @@ def _swap(tmp: Path, out: Path, cache_dir: Path) -> None:
 
 
 def _build(data: DataConfig, tmp: Path, cache_dir: Path, config_dict: dict, verbose: bool) -> dict:
+    # wall seconds of each stage, kept in meta.json: where a slow prepare spends its time
+    seconds: dict[str, float] = {"read_clean": 0.0, "subwords_train": 0.0, "tokenise_parse_encode": 0.0,
+                                 "store": 0.0}
+    clock = time.perf_counter()
     splits: dict[str, list[tuple[int, str, str]]] = {}
     reports: dict[str, dict[str, int]] = {}
     # only the training split is filtered by length: evaluation sets stay whole, so that their
@@ -178,22 +183,29 @@ def _build(data: DataConfig, tmp: Path, cache_dir: Path, config_dict: dict, verb
     train_text = {"src": list(train["src"]), "tgt": train["tgt"] + parses}
     if parses:
         train_text["src"] += [tag(s, PARSE_TAG) for s in train["src"]]
+    seconds["read_clean"] = time.perf_counter() - clock
+    clock = time.perf_counter()
     pre.subwords, sub_info = _train_subwords(data, tmp, train_text, symbols)
+    seconds["subwords_train"] = time.perf_counter() - clock
 
     store = {side: pre.keeps_structure and getattr(data, side).parser.backend != "none" for side in SIDES}
     labels: list[str] | None = None
     stats: dict[str, dict] = {}
     for split, pairs in splits.items():
         dropped: list[tuple[str, DataError]] | None = [] if data.clean.drop_bad_lines else None
+        clock = time.perf_counter()
         examples = pre.encode_pairs(pairs, split, _split_paths(data, split), dropped)
         if dropped:
             pairs = _forget_dropped(pairs, examples, reports[split], dropped, split, verbose)
         if data.multitask_parse and split == data.train_split:
             examples += _parse_examples(pre, pairs, split, [pre.tokenise("src", s) for _, s, _ in pairs])
+        seconds["tokenise_parse_encode"] += time.perf_counter() - clock
+        clock = time.perf_counter()
         with DatasetWriter(tmp, split, store, label_vocab=labels) as writer:
             for example in examples:
                 writer.add(example)
             stats[split] = writer.close()
+        seconds["store"] += time.perf_counter() - clock
         labels = stats[split]["labels"]
         if verbose:
             dropped = {k: v for k, v in reports[split].items() if k not in ("read", "kept") and v}
@@ -216,6 +228,7 @@ def _build(data: DataConfig, tmp: Path, cache_dir: Path, config_dict: dict, verb
                            "fields": stats[split]["fields"], "clean": reports[split]}
                    for split in splits},
         "data": config_dict,
+        "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }
 
 

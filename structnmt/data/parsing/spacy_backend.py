@@ -10,6 +10,8 @@ makes for double spaces are dropped.
 
 from __future__ import annotations
 
+import multiprocessing as mp
+
 from structnmt.data.example import DepTree
 from structnmt.data.parsing.base import Convention, finish_tree
 from structnmt.errors import ParserError
@@ -82,15 +84,57 @@ class SpacyParser:
         self.processes = processes
 
     def parse(self, texts: list[str], lines: list[int] | None = None) -> list[DepTree]:
-        kwargs = {"batch_size": self.batch_size}
-        if self.processes > 1:
-            kwargs["n_process"] = self.processes
+        label = f"{self.name} {self.version}"
+        if self.processes > 1 and len(texts) >= 2 * CHUNK and "fork" in mp.get_all_start_methods():
+            results = self._parse_in_workers(texts, label)
+        else:
+            results = [_tree_or_error(doc, label) for doc in self.nlp.pipe(texts, batch_size=self.batch_size)]
         trees = []
-        for k, doc in enumerate(self.nlp.pipe(texts, **kwargs)):
-            tree = doc_to_tree(doc, parser=f"{self.name} {self.version}")
-            tree.check(None, lines[k] if lines else k + 1)
-            trees.append(tree)
+        for k, result in enumerate(results):
+            line = lines[k] if lines else k + 1
+            if isinstance(result, str):
+                raise ParserError(f"line {line}: {result}")
+            result.check(None, line)
+            trees.append(result)
         return trees
+
+    def _parse_in_workers(self, texts: list[str], label: str) -> list[DepTree | str]:
+        """Chunks of lines parsed by forked workers that send back trees, not spaCy ``Doc``s.
+
+        spaCy's own ``n_process`` pickles every ``Doc`` back to the parent, which then has to
+        rebuild them while the workers compete for the same cores: on two cores it gained 12%
+        (35 s -> 31 s for the Multi30k training set). Trees are a few lists of ints, and the
+        parent only waits. The workers inherit the loaded model through ``fork``.
+        """
+        global _WORKER_NLP
+        _WORKER_NLP = (self.nlp, self.batch_size, label)
+        chunks = [texts[i:i + CHUNK] for i in range(0, len(texts), CHUNK)]
+        try:
+            with mp.get_context("fork").Pool(self.processes) as pool:
+                parsed = pool.map(_parse_chunk, chunks, chunksize=1)
+        finally:
+            _WORKER_NLP = None
+        return [tree for chunk in parsed for tree in chunk]
+
+
+#: lines per task of the worker pool: enough to amortise the hand-over, small enough to balance
+CHUNK = 1000
+#: (nlp, batch size, parser label) of the parent, inherited by forked workers
+_WORKER_NLP: tuple | None = None
+
+
+def _parse_chunk(texts: list[str]) -> list[DepTree | str]:
+    assert _WORKER_NLP is not None, "worker started without a model"
+    nlp, batch_size, label = _WORKER_NLP
+    return [_tree_or_error(doc, label) for doc in nlp.pipe(texts, batch_size=batch_size)]
+
+
+def _tree_or_error(doc, label: str) -> DepTree | str:
+    """The tree, or the parser's complaint (raised by the parent with the line number)."""
+    try:
+        return doc_to_tree(doc, parser=label)
+    except ParserError as err:
+        return str(err)
 
 
 def doc_to_tree(doc, parser: str = "") -> DepTree:
