@@ -184,7 +184,9 @@ def run_command(cmd: Sequence[str], cwd: Path | None = None, env: dict[str, str]
 
     On Linux the peak is the command's ``VmHWM``, sampled every 50 ms while it runs (the
     ``ru_maxrss`` of ``wait4`` would include this process's own high-water mark, see
-    :func:`peak_rss_self`); elsewhere ``ru_maxrss``.
+    :func:`peak_rss_self`); elsewhere, or for a command over before the first sample,
+    ``ru_maxrss``. ``VmHWM`` is the command's own process: children it starts are not
+    counted (the commands benchmarked here start none), and growth in its last 50 ms is missed.
     """
     started = time.perf_counter()
     with open(log, "w") if log else open(os.devnull, "w") as sink:

@@ -203,3 +203,12 @@ def test_spacy_worker_processes_give_the_same_trees_in_order(monkeypatch) -> Non
     assert [(t.text, t.words, t.heads, t.labels) for t in together] == \
         [(t.text, t.words, t.heads, t.labels) for t in alone]
     assert [t.text for t in together] == texts  # in input order
+
+
+def test_spacy_sentence_without_words_is_a_data_error_with_its_line() -> None:
+    from structnmt.data.parsing.spacy_backend import SpacyParser
+    from structnmt.errors import DataError
+
+    parser = SpacyParser(_spacy())
+    with pytest.raises(DataError, match="line 8: the parser found no words"):
+        parser.parse(["A dog runs .", "   "], [7, 8])  # a DataError, so drop_bad_lines can drop the line

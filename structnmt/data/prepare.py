@@ -164,6 +164,8 @@ def _build(data: DataConfig, tmp: Path, cache_dir: Path, config_dict: dict, verb
         raise DataError(f"no sentence pair of the training split is left after cleaning (dropped: {dropped})",
                         files.tsv or files.src)
     task_tag = TRANSLATE_TAG if data.multitask_parse else None
+    seconds["read_clean"] = time.perf_counter() - clock
+    clock = time.perf_counter()
 
     # sub-word training text: the training split as the parser sees it (Moses-tokenised if on)
     moses = {side: MosesTokeniser(getattr(data, side).lang) for side in SIDES} if data.moses else {}
@@ -183,7 +185,7 @@ def _build(data: DataConfig, tmp: Path, cache_dir: Path, config_dict: dict, verb
     train_text = {"src": list(train["src"]), "tgt": train["tgt"] + parses}
     if parses:
         train_text["src"] += [tag(s, PARSE_TAG) for s in train["src"]]
-    seconds["read_clean"] = time.perf_counter() - clock
+    seconds["tokenise_parse_encode"] = time.perf_counter() - clock  # Moses and the C&H parses, if any
     clock = time.perf_counter()
     pre.subwords, sub_info = _train_subwords(data, tmp, train_text, symbols)
     seconds["subwords_train"] = time.perf_counter() - clock

@@ -11,10 +11,12 @@ makes for double spaces are dropped.
 from __future__ import annotations
 
 import multiprocessing as mp
+from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 
 from structnmt.data.example import DepTree
 from structnmt.data.parsing.base import Convention, finish_tree
-from structnmt.errors import ParserError
+from structnmt.errors import DataError, ParserError
 
 #: pip packages of the models we know; spaCy's own English model is re-uploaded under another name
 KNOWN_PACKAGES = {
@@ -92,8 +94,8 @@ class SpacyParser:
         trees = []
         for k, result in enumerate(results):
             line = lines[k] if lines else k + 1
-            if isinstance(result, str):
-                raise ParserError(f"line {line}: {result}")
+            if isinstance(result, str):  # this sentence's problem, not the parser's: drop_bad_lines may drop it
+                raise DataError(f"line {line}: {result}")
             result.check(None, line)
             trees.append(result)
         return trees
@@ -110,8 +112,13 @@ class SpacyParser:
         _WORKER_NLP = (self.nlp, self.batch_size, label)
         chunks = [texts[i:i + CHUNK] for i in range(0, len(texts), CHUNK)]
         try:
-            with mp.get_context("fork").Pool(self.processes) as pool:
-                parsed = pool.map(_parse_chunk, chunks, chunksize=1)
+            # an executor, not a Pool: a worker that dies (out of memory) raises BrokenProcessPool
+            # here instead of leaving the parent waiting for ever
+            with ProcessPoolExecutor(self.processes, mp_context=mp.get_context("fork")) as pool:
+                parsed = list(pool.map(_parse_chunk, chunks))
+        except BrokenProcessPool:
+            raise ParserError(f"a parser worker process died (out of memory?); try data.processes: 1 "
+                              f"(parser {label})") from None
         finally:
             _WORKER_NLP = None
         return [tree for chunk in parsed for tree in chunk]

@@ -67,7 +67,8 @@ def gated(x: Tensor, c: Tensor, v_x: Tensor, v_c: Tensor) -> Tensor:
 
     ``x`` (B, h, L, d_head); ``c`` broadcastable to it; ``v_x``/``v_c`` (h, d_head)."""
     lam = torch.sigmoid(torch.matmul(x, v_x[:, :, None].to(x.dtype)) + torch.matmul(c, v_c[:, :, None].to(c.dtype)))
-    return torch.lerp(x, c.to(x.dtype).expand_as(x), lam)  # (1 − λ) x + λ c in one pass
+    # (1 − λ) x + λ c in one pass; lerp wants one dtype (autocast may return bf16 products)
+    return torch.lerp(x, c.to(x.dtype).expand_as(x), lam.to(x.dtype))
 
 
 class ContextAwarePlugin(AttentionPlugin):
