@@ -71,8 +71,10 @@ def analyse(result: dict, data_dir: Path, task_dir: Path) -> dict:
     data = ParallelDataset(data_dir, "test")
     if result["system"] == "dbsa":
         return inspect_split(model, data, "trees", run / "inspect")
-    if result["system"] == "lpsi":
-        return inspect_split(model, data, "phrases", run / "inspect", gold=str(task_dir / "test.src.brackets"))
+    if result["system"] == "lpsi":  # both gated encoder layers (docs/results.md: the second one carries the phrases)
+        gold = str(task_dir / "test.src.brackets")
+        return {f"layer{k + 1}": inspect_split(model, data, "phrases", run / "inspect", layer=k, gold=gold)
+                for k in range(2)}
     if result["system"] == "vanilla":
         return inspect_split(model, data, "align", run / "inspect", gold=str(task_dir / "test.align"))
     return {}
@@ -130,9 +132,11 @@ def main(argv: list[str] | None = None) -> int:
                               f"{100 * a['uas']:.1f}", f"right-branching {100 * a['right_branching_uas']:.1f}, "
                               f"left-branching {100 * a['left_branching_uas']:.1f}"])
         if r["system"] == "lpsi" and a:
-            read_outs.append(["LPSI distances (encoder layer 1) vs gold source brackets", "UF (sentence)",
-                              f"{100 * a['uf']['sentence_f1']:.1f}",
-                              f"right-branching {100 * a['right_branching_uf']['sentence_f1']:.1f}"])
+            for layer, scores in a.items():
+                read_outs.append([f"LPSI distances (encoder {layer.replace('layer', 'layer ')}, boundary "
+                                  f"{scores['boundary']}) vs gold source brackets", "UF (sentence)",
+                                  f"{100 * scores['uf']['sentence_f1']:.1f}",
+                                  f"right-branching {100 * scores['right_branching_uf']['sentence_f1']:.1f}"])
         if r["system"] == "vanilla" and a and r["seed"] == args.seeds[0]:
             read_outs.append(["vanilla cross-attention (penultimate layer), grow-diag-final", "AER",
                               f"{100 * a['grow_diag_final']['aer']:.1f}", f"diagonal {100 * a['diagonal']['aer']:.1f}"])

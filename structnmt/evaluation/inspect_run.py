@@ -109,6 +109,7 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
         baseline = [_right_branching(w, k) for w, k in zip(words, sizes)]
         scores = {"uf": corpus_unlabeled_f1(pred, golds, n_words=sizes),
                   "right_branching_uf": corpus_unlabeled_f1(baseline, golds, n_words=sizes),
+                  "boundary": boundary if boundary != "auto" else ("before" if side == "src" else "after"),
                   "sentences": n}
     elif what == "align":
         if gold is None:
