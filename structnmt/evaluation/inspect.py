@@ -128,6 +128,13 @@ class InducedTree:
     words: int
 
 
+def resolve_boundary(boundary: str, side: str) -> str:
+    """The reading ``auto`` stands for on ``side`` (see :func:`lpsi_trees`)."""
+    if boundary == "auto":
+        return "before" if side == "src" else "after"
+    return boundary
+
+
 def lpsi_trees(model: Transformer, batches: Iterable[Batch], side: Literal["src", "tgt"] = "src",
                layer: int | None = None,
                boundary: Literal["auto", "before", "after"] = "auto") -> list[InducedTree]:
@@ -151,8 +158,7 @@ def lpsi_trees(model: Transformer, batches: Iterable[Batch], side: Literal["src"
     are the mean over the layer's gated heads. ``InducedTree.distances`` holds the n−1
     boundary distances that were split.
     """
-    if boundary == "auto":
-        boundary = "before" if side == "src" else "after"
+    boundary = resolve_boundary(boundary, side)
     layers = _sites(model, ("lpsi",), side)
     if not layers:
         raise ValueError(f"the model has no LPSI layer on the {side} side")

@@ -25,7 +25,7 @@ from structnmt.data.dataset import ParallelDataset
 from structnmt.decoding.translate import length_batches
 from structnmt.errors import DataError
 from structnmt.evaluation.alignment import corpus_aer, read_pharaoh, write_pharaoh
-from structnmt.evaluation.inspect import cross_attention_alignments, dbsa_trees, lpsi_trees
+from structnmt.evaluation.inspect import cross_attention_alignments, dbsa_trees, lpsi_trees, resolve_boundary
 from structnmt.evaluation.scores import read_text
 from structnmt.evaluation.trees import (
     bracket_string,
@@ -109,7 +109,7 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
         baseline = [_right_branching(w, k) for w, k in zip(words, sizes)]
         scores = {"uf": corpus_unlabeled_f1(pred, golds, n_words=sizes),
                   "right_branching_uf": corpus_unlabeled_f1(baseline, golds, n_words=sizes),
-                  "boundary": boundary if boundary != "auto" else ("before" if side == "src" else "after"),
+                  "boundary": resolve_boundary(boundary, side),
                   "sentences": n}
     elif what == "align":
         if gold is None:
