@@ -71,6 +71,26 @@ def _diagonal(n_src: int, n_tgt: int) -> set[tuple[int, int]]:
     return {(min(n_src - 1, round(j * n_src / n_tgt)), j) for j in range(n_tgt)}
 
 
+def _read_brackets(path: str) -> list[list[tuple[int, ...]]]:
+    golds = []
+    for number, line in enumerate(read_text(path), start=1):
+        try:
+            golds.append([tuple(span) for span in json.loads(line)])
+        except (ValueError, TypeError):
+            raise DataError("not a JSON list of [start, end] spans", path, number) from None
+    return golds
+
+
+def _read_gold(gold: str | None, n: int, what: str, missing: str, read) -> list:
+    """One gold entry per sentence of the split, or a clear error."""
+    if gold is None:
+        raise DataError(missing)
+    entries = read(gold)
+    if len(entries) != n:
+        raise DataError(f"{len(entries)} lines of {what} for {n} sentences", gold)
+    return entries
+
+
 def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir: Path, side: str = "src",
                   layer: int | None = None, gold: str | None = None, max_tokens: int = 4000,
                   boundary: str = "auto") -> dict:
@@ -86,17 +106,8 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
                   "left_branching_uas": corpus_uas([_left_branching_heads(len(g)) for g in golds], golds),
                   "sentences": n, "against": "the split's stored trees"}
     elif what == "phrases":
-        if gold is None:
-            raise DataError("phrase trees are scored against gold brackets: give --gold FILE (one JSON list a line)")
-        lines = read_text(gold)
-        if len(lines) != n:
-            raise DataError(f"{len(lines)} lines of gold brackets for {n} sentences", gold)
-        golds = []
-        for number, line in enumerate(lines, start=1):
-            try:
-                golds.append([tuple(span) for span in json.loads(line)])
-            except (ValueError, TypeError):
-                raise DataError("not a JSON list of [start, end] spans", gold, number) from None
+        golds = _read_gold(gold, n, "gold brackets", "phrase trees are scored against gold brackets: "
+                           "give --gold FILE (one JSON list a line)", _read_brackets)
         trees = lpsi_trees(model, _batches(model, data, (side,), max_tokens), side=side, layer=layer,
                            boundary=boundary)  # type: ignore[arg-type]
         words = [line.split() for line in data.raw(side)]  # raw() reads the file: once, not per sentence
@@ -112,11 +123,8 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
                   "boundary": resolve_boundary(boundary, side),
                   "sentences": n}
     elif what == "align":
-        if gold is None:
-            raise DataError("alignments are scored against gold links: give --gold FILE (Pharaoh i-j / i?j)")
-        gold_links = read_pharaoh(gold)
-        if len(gold_links) != n:
-            raise DataError(f"{len(gold_links)} lines of gold alignments for {n} sentences", gold)
+        gold_links = _read_gold(gold, n, "gold alignments", "alignments are scored against gold links: "
+                                "give --gold FILE (Pharaoh i-j / i?j)", read_pharaoh)
         found = cross_attention_alignments(model, _batches(model, data, ("src", "tgt"), max_tokens), layer=layer)
         sure = [s for s, _ in gold_links]
         possible = [p for _, p in gold_links]
