@@ -17,12 +17,17 @@ from typing import IO
 
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:
-    """Open a temporary file next to ``path``; on success it replaces ``path`` atomically."""
+    """Open a temporary file next to ``path``; on success it replaces ``path`` atomically.
+
+    The file gets the mode a plain ``open`` would give it (0666 less the umask), not
+    ``mkstemp``'s private 0600: outputs are meant to be read by others.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     binary = "b" in mode
     try:
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, mode, encoding=None if binary else encoding) as handle:
             yield handle
             handle.flush()
@@ -32,6 +37,21 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def current_umask() -> int:
+    """The process's umask (reading it means setting it; set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether two paths name one file (same inode), e.g. an output that would replace its input."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

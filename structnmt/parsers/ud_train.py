@@ -19,7 +19,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from conllu.exceptions import ParseException
@@ -157,13 +157,37 @@ def _docbin(sentences: Sequence[UDSentence], vocab) -> bytes:
     return docbin.to_bytes()
 
 
-def training_config(lang: str, max_steps: int, eval_frequency: int, seed: int) -> str:
-    """The spaCy config: a small CNN tok2vec shared by a tagger and a transition parser.
+@dataclass(frozen=True)
+class ParserSize:
+    """The knobs of the CNN tok2vec + transition parser that matter for accuracy and CPU cost.
 
-    Widths are chosen for a CPU and a few thousand sentences (spaCy's "efficiency" preset
-    scale); the tokenizer is ``spacy.blank(lang)``'s, so raw text is split by the language's
-    own rules when the model is used on new sentences.
+    The defaults are spaCy's "efficiency" scale, right for a few thousand sentences; the
+    ``en_ud`` preset (12k+ sentences) uses :data:`EN_UD_SIZE`, tuned in docs/parsers.md.
     """
+
+    width: int = 96  # tok2vec width
+    depth: int = 4  # CNN layers (each sees one more word on either side)
+    rows: tuple[int, int, int, int] = (5000, 1000, 2500, 2500)  # hash rows of NORM, PREFIX, SUFFIX, SHAPE
+    hidden_width: int = 128  # parser's state layer
+    extra_state_tokens: bool = False  # 13 instead of 8 tokens describe a parser state
+    dropout: float = 0.1
+    batch_words: int = 1000  # the batch size the compounding schedule grows to (words)
+    learn_rate: float = 0.001
+
+
+#: the tuned size of the English UD parser (docs/parsers.md: what it reaches and what it costs)
+EN_UD_SIZE = ParserSize(width=192, depth=6, rows=(10000, 2500, 5000, 2500), hidden_width=192,
+                        extra_state_tokens=True, dropout=0.15)
+
+
+def training_config(lang: str, max_steps: int, eval_frequency: int, seed: int,
+                    size: ParserSize | None = None) -> str:
+    """The spaCy config: a CNN tok2vec shared by a tagger and a transition parser.
+
+    The tokenizer is ``spacy.blank(lang)``'s, so raw text is split by the language's own
+    rules when the model is used on new sentences.
+    """
+    z = size or ParserSize()
     return f"""\
 [paths]
 train = null
@@ -190,13 +214,13 @@ factory = "tok2vec"
 @architectures = "spacy.MultiHashEmbed.v2"
 width = ${{components.tok2vec.model.encode.width}}
 attrs = ["NORM","PREFIX","SUFFIX","SHAPE"]
-rows = [5000,1000,2500,2500]
+rows = [{",".join(str(r) for r in z.rows)}]
 include_static_vectors = false
 
 [components.tok2vec.model.encode]
 @architectures = "spacy.MaxoutWindowEncoder.v2"
-width = 96
-depth = 4
+width = {z.width}
+depth = {z.depth}
 window_size = 1
 maxout_pieces = 3
 
@@ -221,8 +245,8 @@ update_with_oracle_cut_size = 100
 [components.parser.model]
 @architectures = "spacy.TransitionBasedParser.v2"
 state_type = "parser"
-extra_state_tokens = false
-hidden_width = 128
+extra_state_tokens = {str(z.extra_state_tokens).lower()}
+hidden_width = {z.hidden_width}
 maxout_pieces = 3
 use_upper = true
 nO = null
@@ -247,7 +271,7 @@ max_length = 0
 [training]
 seed = ${{system.seed}}
 gpu_allocator = ${{system.gpu_allocator}}
-dropout = 0.1
+dropout = {z.dropout}
 accumulate_gradient = 1
 patience = 0
 max_epochs = 0
@@ -262,7 +286,7 @@ tolerance = 0.2
 [training.batcher.size]
 @schedules = "compounding.v1"
 start = 100
-stop = 1000
+stop = {z.batch_words}
 compound = 1.001
 
 [training.logger]
@@ -271,7 +295,7 @@ progress_bar = false
 
 [training.optimizer]
 @optimizers = "Adam.v1"
-learn_rate = 0.001
+learn_rate = {z.learn_rate}
 
 [training.score_weights]
 tag_acc = 0.2
@@ -304,6 +328,7 @@ def train_ud_parser(
     eval_frequency: int = 200,
     seed: int = 0,
     threads: int = 1,
+    size: ParserSize | None = None,
 ) -> Path:
     """Train a UD tagger + parser on ``conllu_files``; return ``out/model-best``.
 
@@ -356,7 +381,7 @@ def train_ud_parser(
     atomic_write_bytes(corpus / "train.spacy", _docbin(train_sents, vocab))
     atomic_write_bytes(corpus / "dev.spacy", _docbin(dev_sents, vocab))
     # spaCy evaluates at step 0 and then every eval_frequency steps; never let a short run skip it.
-    text = training_config(lang, max_steps, min(eval_frequency, max_steps), seed)
+    text = training_config(lang, max_steps, min(eval_frequency, max_steps), seed, size)
     atomic_write_text(out / "config.cfg", text)
     config = load_config_from_str(
         text, overrides={"paths.train": str(corpus / "train.spacy"), "paths.dev": str(corpus / "dev.spacy")}
@@ -380,6 +405,7 @@ def train_ud_parser(
                 "dev_sentences": len(dev_sents),
                 "max_steps": max_steps,
                 "seed": seed,
+                "size": asdict(size or ParserSize()),
             },
         }
     )
