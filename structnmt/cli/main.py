@@ -73,7 +73,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         prepare(cfg)
     summary = train(cfg, resume=args.resume)
     print(yaml.safe_dump(summary, sort_keys=False), end="")
-    return 1 if summary.get("status") == "diverged" else 0
+    return exit_status(summary)
+
+
+#: ``structnmt train``'s exit status when a signal stopped it after saving a checkpoint:
+#: EX_TEMPFAIL ("try again later"), so that ``train && test`` stops and a scheduler can tell a
+#: resumable interruption (rerun with --resume) from a finished run (0) or a diverged one (1)
+EXIT_INTERRUPTED = 75
+
+
+def exit_status(summary: dict) -> int:
+    status = summary.get("status")
+    return {"diverged": 1, "interrupted": EXIT_INTERRUPTED}.get(status, 0)
 
 
 def cmd_average(args: argparse.Namespace) -> int:
@@ -121,6 +132,11 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from structnmt.decoding.translate import translate_lines
     from structnmt.io import atomic_open
 
+    from structnmt.io import same_file
+
+    if args.output and args.input not in (None, "-") and same_file(args.input, args.output):
+        raise ConfigError(f"{args.output} is the input file: translating would replace it; "
+                          "choose another output", "--output")
     device = _device(args.device)
     model, cfg, pre, dataset = _load(args.checkpoint, args.dataset, device)
     dcfg = _decoding(cfg, args)

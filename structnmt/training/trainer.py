@@ -829,7 +829,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     print(yaml.safe_dump(summary, sort_keys=False), end="")
-    return 1 if summary["status"] == "diverged" else 0
+    from structnmt.cli.main import exit_status
+
+    return exit_status(summary)
 
 
 if __name__ == "__main__":
