@@ -130,9 +130,7 @@ def _labels(dataset_dir: Path) -> list[str]:
 def cmd_translate(args: argparse.Namespace) -> int:
     from structnmt.data.corpus import read_lines
     from structnmt.decoding.translate import translate_lines
-    from structnmt.io import atomic_open
-
-    from structnmt.io import same_file
+    from structnmt.io import atomic_open, same_file
 
     if args.output and args.input not in (None, "-") and same_file(args.input, args.output):
         raise ConfigError(f"{args.output} is the input file: translating would replace it; "
