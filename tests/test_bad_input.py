@@ -215,17 +215,6 @@ def test_lines_far_over_the_length_limit_are_dropped_and_counted(
     assert json.loads((tmp_path / "dataset" / "meta.json").read_text())["splits"]["train"]["n"] == 28
 
 
-def test_translating_a_line_longer_than_the_model_reads(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
-    config = experiment(tmp_path, model={"max_positions": 64})
-    assert cli(capsys, "prepare", str(config))[0] == 0
-    checkpoint = tiny_checkpoint(config, tmp_path / "model.pt")
-    (tmp_path / "in.txt").write_text("The dog sees a cat.\n" + "The dog " * 100 + "sees a cat.\n")
-    code, _, err = cli(capsys, "translate", "--checkpoint", str(checkpoint), "--input", str(tmp_path / "in.txt"),
-                       "--output", str(tmp_path / "out.txt"), "--device", "cpu")
-    assert one_error(code, err).startswith(f"{tmp_path / 'in.txt'}:2: ")
-    assert not (tmp_path / "out.txt").exists()
-
-
 # ---------------------------------------------------------------------------
 # CoNLL-U parses
 

@@ -195,11 +195,13 @@ def evaluate_run(run_dir: Path, checkpoint: str | None = None, splits: list[str]
     for split in names:
         data = ParallelDataset(dataset_dir, split)
         started = time.perf_counter()
-        hyps = translate_split(model, data, pre, dcfg, dev)
+        truncated: list[int] = []
+        hyps = translate_split(model, data, pre, dcfg, dev, labels=meta.get("labels") or [], truncated=truncated)
         seconds = time.perf_counter() - started
         refs = data.raw("tgt")
         scores = corpus_scores(hyps, [refs], metrics=("bleu", "chrf"))
-        scores.update({"checkpoint": str(ckpt), "beam": dcfg.beam, "sentences": len(hyps), "seconds": seconds})
+        scores.update({"checkpoint": str(ckpt), "beam": dcfg.beam, "sentences": len(hyps), "seconds": seconds,
+                       "truncated_lines": truncated})
         out = run_dir / "eval"
         atomic_write_text(out / f"{split}.hyp", "".join(h + "\n" for h in hyps))
         atomic_write_text(out / f"{split}.ref", "".join(r + "\n" for r in refs))
@@ -469,6 +471,22 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_study(args: argparse.Namespace) -> int:
+    from structnmt.study import format_status, load_study, run_study, study_status
+
+    if args.status:
+        print(format_status(study_status(args.study)))
+        return 0
+    if args.report:
+        from structnmt.study.report import write_report
+
+        print(f"report written to {write_report(load_study(args.study), args.out)}")
+        return 0
+    result = run_study(args.study, jobs=args.jobs, executor=args.executor, only=args.only)
+    print(format_status(study_status(args.study)))
+    return 0 if all(s == "done" for s in result["runs"].values()) else 1
+
+
 def cmd_methods(args: argparse.Namespace) -> int:
     from structnmt.model.methods import METHODS, _discover, method_params_doc
 
@@ -617,6 +635,17 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--out", help="default: RUN/inspect")
     s.add_argument("--device", default="cpu")
     s.set_defaults(func=cmd_inspect)
+
+    s = sub.add_parser("study", help="recipes x seeds at one update budget: train, test, records, report")
+    s.add_argument("study", help="study file (YAML; see structnmt/study/spec.py)")
+    s.add_argument("--status", action="store_true", help="print where every run stands and exit")
+    s.add_argument("--report", action="store_true", help="write the report from the records and exit")
+    s.add_argument("--out", help="with --report: where to write it (default RECORDS/report.md)")
+    s.add_argument("--jobs", type=int, help="local executor: runs at once (threads are split between them)")
+    s.add_argument("--executor", choices=["local", "slurm", "submitit-local"],
+                   help="default: the study file's executor.kind; submitit-local runs the SLURM path here")
+    s.add_argument("--only", nargs="+", metavar="RECIPE", help="run only these recipes")
+    s.set_defaults(func=cmd_study)
 
     s = sub.add_parser("methods", help="list the structure-aware methods and their defaults")
     s.add_argument("-v", "--verbose", action="store_true")

@@ -8,6 +8,7 @@ tokens, and the output comes back in input order, detokenised.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -51,20 +52,61 @@ def _search(model: Transformer, batches: Iterator[tuple[np.ndarray, Batch]], n: 
     return out  # type: ignore[return-value]
 
 
+def shorten_to_fit(pre: Preprocessor, text: str, limit: int) -> str:
+    """The longest prefix of whole words of ``text`` whose source encoding has at most ``limit`` pieces."""
+    words = text.split(" ")
+
+    def pieces(k: int) -> int:
+        prefix = " ".join(words[:k])
+        if pre.task_tag is not None:
+            from structnmt.data.pipeline import tag
+
+            return len(pre.subwords["src"].encode(tag(pre.tokenise("src", prefix), pre.task_tag))[0])
+        return len(pre.subwords["src"].encode(pre.tokenise("src", prefix))[0])
+
+    low, high = 0, len(words)  # pieces(low) fits; find the largest k that does
+    while low < high:
+        mid = (low + high + 1) // 2
+        if pieces(mid) <= limit:
+            low = mid
+        else:
+            high = mid - 1
+    return " ".join(words[:max(low, 1)])
+
+
+def _warn_truncated(source: str | Path, truncated: list[int], limit: int) -> None:
+    if not truncated:
+        return
+    shown = ", ".join(str(n) for n in truncated[:10]) + (" ..." if len(truncated) > 10 else "")
+    print(f"warning: {source}: {len(truncated)} line(s) longer than the model's {limit} source positions were "
+          f"translated from their first words only (lines {shown}); they are still scored", file=sys.stderr)
+
+
 def translate_lines(model: Transformer, pre: Preprocessor, lines: list[str], cfg: DecodingConfig,
                     device: torch.device | str = "cpu", labels: Sequence[str] | None = None,
-                    source: str = "<input>") -> list[list[str]]:
+                    source: str = "<input>", truncated: list[int] | None = None) -> list[list[str]]:
     """The ``nbest`` detokenised translations of every line, in input order (``source`` names the
-    input in error messages)."""
+    input in error messages).
+
+    A line longer than the model's positions is translated from its longest prefix of whole
+    words that fits, with a warning naming it (its 1-based number is appended to ``truncated``):
+    dropping it would shift every later line, and refusing the whole input would waste the rest.
+    """
     device = torch.device(device)
     fields = model.structure_needs(inference=True)
     examples = pre.encode_sources(lines, with_structure=bool(fields["src"]))
-    lengths = [len(ex.src.ids) for ex in examples]
     limit = model.cfg.max_positions - 1  # one position is the EOS
-    for number, n in enumerate(lengths, start=1):
-        if n > limit:
-            raise DataError(f"{n} sub-words; the model reads at most {limit} (model.max_positions)", source,
-                            number)
+    long = [k for k, ex in enumerate(examples) if len(ex.src.ids) > limit]
+    if long:
+        short = pre.encode_sources([shorten_to_fit(pre, lines[k], limit) for k in long],
+                                   with_structure=bool(fields["src"]))
+        for k, ex in zip(long, short):
+            ex.meta["line"] = k + 1
+            examples[k] = ex
+        _warn_truncated(source, [k + 1 for k in long], limit)
+        if truncated is not None:
+            truncated.extend(k + 1 for k in long)
+    lengths = [len(ex.src.ids) for ex in examples]
 
     def batches() -> Iterator[tuple[np.ndarray, Batch]]:
         for idx in length_batches(lengths, cfg.max_tokens):
@@ -75,21 +117,45 @@ def translate_lines(model: Transformer, pre: Preprocessor, lines: list[str], cfg
 
 
 def translate_split(model: Transformer, dataset: ParallelDataset, pre: Preprocessor, cfg: DecodingConfig,
-                    device: torch.device | str = "cpu") -> list[str]:
-    """Best translations of a prepared split (its stored ids and structures), in order."""
+                    device: torch.device | str = "cpu", labels: Sequence[str] | None = None,
+                    truncated: list[int] | None = None) -> list[str]:
+    """Best translations of a prepared split (its stored ids and structures), in order.
+
+    Sentences longer than the model's positions are translated from a prefix, as in
+    :func:`translate_lines`, and never dropped: every line of a test set is scored.
+    """
     device = torch.device(device)
     fields = model.structure_needs(inference=True)
     fields = {"src": fields["src"], "tgt": set()}
     limit = model.cfg.max_positions - 1
-    if len(dataset) and int(dataset.src_lengths.max()) > limit:
-        line = int(dataset.src_lengths.argmax()) + 1
-        raise DataError(f"{int(dataset.src_lengths.max())} sub-words; the model reads at most {limit} "
-                        "(model.max_positions)", dataset.path, line)
+    lengths = np.asarray(dataset.src_lengths)
+    long = np.flatnonzero(lengths > limit)
+    fitting = np.flatnonzero(lengths <= limit)
+    examples = []
+    if len(long):
+        # re-encoded from a prefix of their raw text; stored structures cannot be cut (a parent may
+        # lie past the cut), so the prefix is parsed again, which needs a parser that reads new text
+        needs_trees = bool(fields["src"])
+        if needs_trees and pre.side_cfg("src").parser.backend in ("conllu", "none"):
+            raise DataError(f"{len(long)} sentence(s) have more than {limit} sub-words (first: line "
+                            f"{int(long[0]) + 1}) and this model needs source trees that the dataset's parser "
+                            "cannot make for a shortened sentence; raise model.max_positions", dataset.path,
+                            int(long[0]) + 1)
+        raw = dataset.raw("src")
+        examples = pre.encode_sources([shorten_to_fit(pre, raw[i], limit) for i in long.tolist()],
+                                      with_structure=needs_trees)
+        _warn_truncated(dataset.path, [int(i) + 1 for i in long], limit)
+        if truncated is not None:
+            truncated.extend(int(i) + 1 for i in long)
 
     def batches() -> Iterator[tuple[np.ndarray, Batch]]:
-        for idx in length_batches(dataset.src_lengths, cfg.max_tokens):
+        for part in length_batches(lengths[fitting], cfg.max_tokens):
+            idx = fitting[part]
             batch = collate(dataset, idx, fields)
             yield idx, Batch(batch.src, struct={"src": batch.struct["src"], "tgt": {}}, index=batch.index)
+        if examples:
+            for part in length_batches([len(ex.src.ids) for ex in examples], cfg.max_tokens):
+                yield long[part], collate_examples([examples[i] for i in part], fields, labels)
 
     hyps = _search(model, batches(), len(dataset), cfg, device)
     return [pre.decode(sent[0].tokens) for sent in hyps]

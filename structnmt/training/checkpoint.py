@@ -127,20 +127,25 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return state
 
 
-def newest_good_checkpoint(directory: str | Path) -> Path | None:
+def newest_good_checkpoint(directory: str | Path,
+                           damaged: list[tuple[Path, str]] | None = None) -> Path | None:
     """The verified checkpoint with the highest step in ``directory`` (``last.pt`` wins ties).
 
     Used by ``--resume``: when ``last.pt`` was damaged (a copy cut short, a bad disk) the run
-    continues from the newest step checkpoint that still verifies instead of failing.
+    continues from the newest step checkpoint that still verifies instead of failing. Each
+    checkpoint that does not verify is appended to ``damaged`` with the reason, so that the
+    caller can say why it fell back.
     """
     directory = Path(directory)
     if not directory.is_dir():
         return None
     found: list[tuple[int, int, Path]] = []
-    for path in directory.glob("*.pt"):
+    for path in sorted(directory.glob("*.pt")):
         try:
             header = verify_checkpoint(path)
-        except CheckpointError:
+        except CheckpointError as err:
+            if damaged is not None:
+                damaged.append((path, str(err)))
             continue
         preference = {"last.pt": 2, "best.pt": 0}.get(path.name, 1)
         found.append((int(header.get("step", 0)), preference, path))

@@ -90,6 +90,35 @@ class RunLogger:
         self._bar = self._tb = self._jsonl = None
 
 
+def rewind_log(path: str | Path, step: int) -> int:
+    """Before a resume from ``step``: move the records of later steps out of ``log.jsonl``.
+
+    A run killed after its last checkpoint logged steps that the resumed run will train (and
+    log) again; left in place, every curve and report would see those steps twice. They go
+    to ``log.superseded.jsonl`` beside it, so nothing is lost. Returns how many moved.
+    """
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    from structnmt.io import atomic_write_text
+
+    kept, moved = [], []
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a torn last line
+            later = isinstance(record.get("step"), int) and record["step"] > step
+            (moved if later else kept).append(json.dumps(record, ensure_ascii=False) + "\n")
+    if moved:
+        superseded = path.with_name("log.superseded.jsonl")
+        with open(superseded, "a", encoding="utf-8") as handle:
+            handle.writelines(moved)
+    atomic_write_text(path, "".join(kept))
+    return len(moved)
+
+
 def read_log(path: str | Path) -> list[dict[str, Any]]:
     """Records of a ``log.jsonl``; a torn last line (killed run) is skipped."""
     records = []

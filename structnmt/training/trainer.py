@@ -47,6 +47,7 @@ from structnmt.config import ExperimentConfig, TrainingConfig, config_from_dict,
 from structnmt.data.batch import PAD_ID, Batch
 from structnmt.errors import CheckpointError, ConfigError, DataError
 from structnmt.io import atomic_write_text
+from structnmt.locks import DirectoryLock
 from structnmt.training import distributed as D
 from structnmt.training.checkpoint import (
     dataset_fingerprint,
@@ -55,7 +56,7 @@ from structnmt.training.checkpoint import (
     save_checkpoint,
     write_averaged_checkpoint,
 )
-from structnmt.training.logger import RunLogger
+from structnmt.training.logger import RunLogger, rewind_log
 from structnmt.training.optim import build_optimizer, build_scheduler, current_lr
 
 # ---------------------------------------------------------------------------
@@ -364,6 +365,7 @@ class Trainer:
     def restore(self, path: Path) -> None:
         # on the CPU: generator states must stay there; load_state_dict moves the rest to the device
         state = load_checkpoint(path, map_location="cpu")
+        self._check_resumable(path, state)
         try:
             self.updater.load_state_dict(state)
         except (KeyError, RuntimeError, ValueError) as err:
@@ -375,6 +377,25 @@ class Trainer:
         else:  # another number of processes: exactness is lost anyway, keep the streams distinct
             seed_everything(self.t.seed + 1000 * self.progress.step + self.ctx.rank)
         self._epoch_cache = None
+
+    def _check_resumable(self, path: Path, state: dict[str, Any]) -> None:
+        """Refuse, in one line, a checkpoint of another model or another dataset."""
+        stored = (state.get("vocab") or {}).get("fingerprint")
+        current = self.vocab.get("fingerprint")
+        if stored and current and stored != current:
+            raise CheckpointError(
+                f"{path}: made on a dataset with vocabulary fingerprint {stored[:12]}, but "
+                f"{self.cfg.data.dir if self.cfg.data else 'the dataset'} now has {current[:12]} "
+                "(re-prepared or another dataset): its embeddings would stand for other pieces; "
+                "train a new run instead of resuming")
+        raw = state.get("config") or {}
+        now = to_dict(self.cfg)
+        differ = config_differences(raw.get("model") or {}, now.get("model") or {}, "model")
+        if differ:
+            shown = "; ".join(f"{k}: {a!r} in the checkpoint, {b!r} now" for k, a, b in differ[:4])
+            more = f" (+{len(differ) - 4} more)" if len(differ) > 4 else ""
+            raise CheckpointError(f"{path}: the model changed since this checkpoint ({shown}{more}); "
+                                  "resume with the run's own config.yaml or start a new run")
 
     # -- validation ---------------------------------------------------------------
     @torch.no_grad()
@@ -424,6 +445,11 @@ class Trainer:
             result["bleu"] = float(bleu.score)
         return result
 
+    def _metric_name(self) -> str:
+        """The metric best_metric holds: BLEU only when validation computes it."""
+        bleu = self.t.early_stopping_metric == "bleu" and self.t.valid_bleu and self.decode is not None
+        return "bleu" if bleu else "loss"
+
     def _improved(self, result: dict[str, float]) -> tuple[bool, float]:
         metric = "bleu" if self.t.early_stopping_metric == "bleu" and "bleu" in result else "loss"
         value = result[metric]
@@ -439,10 +465,17 @@ class Trainer:
     def _prepare_run_dir(self, resume: bool) -> Path | None:
         """Where to resume from (or None); refuses to overwrite a run that was not asked to resume."""
         start = None
+        self._fallback: str | None = None
         if resume:
-            start = newest_good_checkpoint(self.run_dir)
+            damaged: list[tuple[Path, str]] = []
+            start = newest_good_checkpoint(self.run_dir, damaged)
             if start is None and any(self.run_dir.glob("*.pt")):
-                raise CheckpointError(f"{self.run_dir}: no checkpoint there verifies; cannot resume")
+                reasons = "; ".join(reason for _, reason in damaged[:3])
+                raise CheckpointError(f"{self.run_dir}: no checkpoint there verifies ({reasons}); cannot resume")
+            skipped = [(p, r) for p, r in damaged if p.name == "last.pt" or p.name.startswith("step_")]
+            if start is not None and skipped:
+                self._fallback = (f"not resuming from {', '.join(p.name for p, _ in skipped)}: "
+                                  f"{'; '.join(r for _, r in skipped)}; falling back to {start.name}")
         elif (self.run_dir / "last.pt").exists():
             raise ConfigError(f"{self.run_dir} already holds a run (last.pt); pass --resume to continue it "
                               "or choose another out_dir", "training.out_dir")
@@ -472,7 +505,21 @@ class Trainer:
         atomic_write_text(self.run_dir / "run.json", json.dumps(info, indent=2) + "\n")
 
     def run(self, resume: bool = False) -> dict[str, Any]:
-        """Train until a budget, early stopping, a signal or divergence; returns a summary."""
+        """Train until a budget, early stopping, a signal or divergence; returns a summary.
+
+        The main process holds the run directory's lock throughout: a second ``train`` on the
+        same ``out_dir`` is refused at once instead of interleaving logs and checkpoints.
+        """
+        lock = DirectoryLock(self.run_dir, "train", messages=_stderr) if self.ctx.is_main else None
+        if lock is not None:
+            lock.acquire()
+        try:
+            return self._run(resume)
+        finally:
+            if lock is not None:
+                lock.release()
+
+    def _run(self, resume: bool) -> dict[str, Any]:
         start = self._prepare_run_dir(resume)
         if start is not None:
             self.restore(start)
@@ -481,6 +528,13 @@ class Trainer:
         if self.ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._write_run_files(start)
+            if start is not None:
+                moved = rewind_log(self.run_dir / "log.jsonl", self.progress.step)
+                if moved:
+                    _stderr(f"{moved} log records after step {self.progress.step} (trained again now) moved "
+                            "to log.superseded.jsonl")
+        if self._fallback:
+            _stderr(self._fallback)
         log = RunLogger(self.run_dir, enabled=self.ctx.is_main, tensorboard=self.t.tensorboard,
                         progress=self.t.progress, total_steps=self.t.max_steps,
                         initial_step=self.progress.step)
@@ -506,7 +560,7 @@ class Trainer:
             "epoch": p.epoch,
             "best_metric": p.best_metric,
             "best_step": p.best_step,
-            "metric": self.t.early_stopping_metric,
+            "metric": self._metric_name(),
             "bad_steps": p.bad_total,
             "run_dir": str(self.run_dir),
             "last": str(self.run_dir / "last.pt"),
@@ -710,6 +764,52 @@ def _version(package: str) -> str:
         return "-"
 
 
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _flatten(node: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}.{key}"))
+        return out
+    return {prefix: node}
+
+
+def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str,
+                       ignore: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """(field, a's value, b's value) for each leaf field that differs, e.g. ("model.d_model", 256, 512)."""
+    fa, fb = _flatten(json.loads(json.dumps(a)), prefix), _flatten(json.loads(json.dumps(b)), prefix)
+    return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))
+            if fa.get(k) != fb.get(k) and k not in ignore]
+
+
+#: data fields that do not change what a prepared dataset holds
+DATA_FIELDS_WITHOUT_EFFECT = ("data.processes", "data.cache_dir", "data.dir")
+
+
+def check_dataset_matches_config(cfg: ExperimentConfig, dataset_dir: Path) -> None:
+    """Refuse a dataset prepared from another ``data`` section than the config asks for.
+
+    A config asking for an 8k vocabulary must not train on a 6k dataset without a word: the
+    dataset's ``meta.json`` keeps the data section it was built from, field by field.
+    """
+    meta_file = dataset_dir / "meta.json"
+    if cfg.data is None or not meta_file.is_file():
+        return
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    built = meta.get("data")
+    if not isinstance(built, dict):
+        return
+    differ = config_differences(built, asdict(cfg.data), "data", DATA_FIELDS_WITHOUT_EFFECT)
+    if differ:
+        shown = "; ".join(f"{k}: {b!r} asked, {a!r} in the dataset" for k, a, b in differ[:3])
+        more = f" (+{len(differ) - 3} more)" if len(differ) > 3 else ""
+        raise ConfigError(f"{dataset_dir} was prepared from another data section ({shown}{more}); "
+                          "run `structnmt prepare CONFIG --force` or point data.dir elsewhere", "data")
+
+
 def check_shared_embeddings(cfg: ExperimentConfig, dataset_dir: Path) -> None:
     """Sharing source and target embeddings is only meaningful over one joint vocabulary."""
     meta_file = dataset_dir / "meta.json"
@@ -775,6 +875,7 @@ def train(cfg: ExperimentConfig, resume: bool = False,
         pre = Preprocessor.from_dataset(cfg.data.dir)
         src_vocab, tgt_vocab = vocab_sizes(pre)
         seed_everything(t.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
+        check_dataset_matches_config(cfg, Path(cfg.data.dir))
         check_shared_embeddings(cfg, Path(cfg.data.dir))
         model = Transformer(cfg.model, src_vocab, tgt_vocab)
         check_conventions(model, Path(cfg.data.dir))

@@ -1,0 +1,173 @@
+"""Studies: the papers' comparison (recipes x seeds at one update budget) in one command.
+
+``structnmt study STUDY.yaml`` prepares each distinct dataset once, trains and tests every
+(recipe, seed) not yet recorded, and writes the report; ``--status`` shows where every run
+stands; ``--report`` only writes the report. See :mod:`structnmt.study.spec` for the file,
+:mod:`structnmt.study.runs` for records, :mod:`structnmt.study.executors` for where runs
+execute and :mod:`structnmt.study.report` for the comparison.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from structnmt.study.spec import Study, load_study
+
+__all__ = ["Study", "format_status", "load_study", "run_study", "study_status"]
+
+
+def _log_progress(run_dir: Path) -> tuple[int | None, float | None]:
+    """(last step, last validation BLEU) read from a run's log.jsonl."""
+    from structnmt.training.logger import read_log
+
+    log = run_dir / "log.jsonl"
+    if not log.is_file():
+        return None, None
+    step, bleu = None, None
+    for record in read_log(log):
+        if isinstance(record.get("step"), int):
+            step = record["step"]
+        if record.get("kind") == "valid" and isinstance(record.get("bleu"), (int, float)):
+            bleu = float(record["bleu"])
+    return step, bleu
+
+
+def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
+    """One row per run: state (done / stale / running / failed / interrupted / pending), step, BLEU."""
+    from structnmt.locks import holder
+    from structnmt.study.runs import read_failure, read_record, stale_reason
+
+    study = study if isinstance(study, Study) else load_study(study)
+    first_test = (study.test_sets or [None])[0]
+    rows = []
+    for recipe, seed in study.runs():
+        row: dict[str, Any] = {"recipe": recipe, "seed": seed, "state": "pending", "step": None, "bleu": None,
+                               "note": ""}
+        record = read_record(study, recipe, seed)
+        run_dir = study.run_dir(recipe, seed)
+        step, valid_bleu = _log_progress(run_dir)
+        if record is not None:
+            reason = stale_reason(study, recipe, seed, record)
+            scores = record.get("scores") or {}
+            test = first_test if first_test in scores else next(iter(scores), None)
+            row.update(step=record.get("updates"), bleu=scores[test]["bleu"] if test else None,
+                       note=f"{test} BLEU" if test else "")
+            if reason is None:
+                row["state"] = "done"
+                rows.append(row)
+                continue
+            row.update(state="stale", note=f"{reason}: will rerun")
+        if holder(run_dir) is not None:
+            row.update(state="running", step=step, bleu=valid_bleu, note="valid BLEU so far")
+        elif (failure := read_failure(study, recipe, seed)) is not None and row["state"] != "stale":
+            tail = failure.get("log_tail") or []
+            row.update(state="failed", step=step, note=failure.get("error", "")[:200],
+                       log_tail=tail[-5:])
+        elif row["state"] == "pending" and step:
+            row.update(state="interrupted", step=step, bleu=valid_bleu, note="resumes from its last checkpoint")
+        rows.append(row)
+    return rows
+
+
+def format_status(rows: list[dict[str, Any]]) -> str:
+    lines = [f"{'recipe':<24} {'seed':>4}  {'state':<11} {'step':>6} {'BLEU':>6}  note"]
+    for r in rows:
+        bleu = f"{r['bleu']:.2f}" if isinstance(r["bleu"], float) else "-"
+        lines.append(f"{r['recipe']:<24} {r['seed']:>4}  {r['state']:<11} {r['step'] or '-':>6} {bleu:>6}  "
+                     f"{r['note']}")
+        for line in r.get("log_tail", []):
+            lines.append(f"{'':<24}       | {line[:150]}")
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["state"]] = counts.get(r["state"], 0) + 1
+    lines.append(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    return "\n".join(lines)
+
+
+def _say(text: str) -> None:
+    print(f"[study] {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
+
+
+def prepare_datasets(study: Study, runs: list[tuple[str, int]]) -> dict[str, str]:
+    """Prepare each distinct dataset the given runs need, once; returns {data.dir: error} for
+    those that could not be prepared (their runs are recorded as failed)."""
+    from structnmt.data.prepare import prepare
+    from structnmt.errors import StructNMTError
+
+    done: dict[str, str] = {}
+    for recipe, seed in runs:
+        cfg = study.run_config(recipe, seed)
+        if cfg.data.dir in done:
+            continue
+        _say(f"dataset {cfg.data.dir} (recipe {recipe})")
+        try:
+            prepare(cfg, verbose=False)
+            done[cfg.data.dir] = ""
+        except StructNMTError as err:
+            done[cfg.data.dir] = str(err)
+            _say(f"cannot prepare {cfg.data.dir}: {err}")
+    return {d: e for d, e in done.items() if e}
+
+
+def run_study(path: str | Path, jobs: int | None = None, executor: str | None = None,
+              only: list[str] | None = None, report: bool = True) -> dict[str, Any]:
+    """Run what is not yet recorded (all of it, or the recipes in ``only``), then report.
+
+    Returns ``{"runs": {"recipe/seedN": status}, "report": path or None}``.
+    """
+    from structnmt.study.executors import run_local, run_submitit
+    from structnmt.study.runs import read_record, stale_reason, write_failure
+
+    study = load_study(path)
+    kind = executor or study.executor.kind
+    jobs = jobs or study.executor.jobs
+    todo = []
+    for recipe, seed in study.runs():
+        if only and recipe not in only:
+            continue
+        record = read_record(study, recipe, seed)
+        if record is not None:
+            reason = stale_reason(study, recipe, seed, record)
+            if reason is None:
+                continue
+            _say(f"{recipe} seed {seed}: {reason}; running it again")
+        todo.append((recipe, seed))
+    results: dict[str, str] = {}
+    if todo:
+        bad = prepare_datasets(study, todo)
+        runnable = []
+        for recipe, seed in todo:
+            error = bad.get(study.run_config(recipe, seed).data.dir)
+            if error:
+                write_failure(study, recipe, seed, f"prepare failed: {error}", None)
+                results[f"{recipe}/seed{seed}"] = "failed"
+            else:
+                runnable.append((recipe, seed))
+        _say(f"{len(runnable)} run(s) to do with the {kind} executor"
+             + (f", {jobs} at a time" if kind == "local" else ""))
+
+        def progress(recipe: str, seed: int, status: str) -> None:
+            _say(f"{recipe} seed {seed}: {status}")
+
+        if kind == "local":
+            outcome = run_local(study, runnable, jobs, progress)
+        else:
+            outcome = run_submitit(study, runnable, "local" if kind == "submitit-local" else None, progress)
+        results.update({f"{r}/seed{s}": status for (r, s), status in outcome.items()})
+    else:
+        _say("every run is recorded and current")
+    report_path = None
+    if report:
+        from structnmt.study.report import write_report
+
+        report_path = write_report(study)
+        _say(f"report written to {report_path}")
+    return {"runs": results, "report": str(report_path) if report_path else None}
+
+
+def status_json(path: str | Path) -> str:
+    return json.dumps(study_status(path), indent=2)

@@ -1,0 +1,125 @@
+"""Where a study's runs execute: here, one or several at a time, or as SLURM jobs via submitit.
+
+Each run is its own process (a crash or an out-of-memory kill takes one run down, not the
+study). Locally the run process is niced, gets the machine's cores divided between the
+runs at once, and is told by the kernel to stop (SIGTERM, which the trainer turns into a
+checkpoint and exit status 75) when the study process dies, so that a killed study leaves
+no orphan training behind and its rerun resumes from that checkpoint.
+
+On a cluster, submitit submits each run as a job; a job that is pre-empted or reaches its
+time limit is requeued by submitit (``Checkpointable``) and resumes from its newest
+checkpoint, since every run resumes from its own run folder.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from structnmt.study.runs import BUSY, DONE, FAILED_STATUS, INTERRUPTED, execute_run, write_failure
+from structnmt.study.spec import Study
+
+EXIT_TO_STATUS = {0: DONE, 75: INTERRUPTED, 3: BUSY}
+
+
+def _child_setup(niceness: int) -> Callable[[], None]:
+    def setup() -> None:
+        os.nice(niceness)
+        try:  # Linux: SIGTERM when the parent (the study) dies
+            libc = ctypes.CDLL("libc.so.6", use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except OSError:
+            pass
+    return setup
+
+
+def run_local(study: Study, runs: list[tuple[str, int]], jobs: int,
+              report: Callable[[str, int, str], None]) -> dict[tuple[str, int], str]:
+    """Run each (recipe, seed) in its own niced process, ``jobs`` at a time."""
+    threads = study.executor.threads or max(1, (os.cpu_count() or 1) // jobs)
+    results: dict[tuple[str, int], str] = {}
+
+    def one(run: tuple[str, int]) -> None:
+        recipe, seed = run
+        log = study.run_dir(recipe, seed) / "worker.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        command = [sys.executable, "-m", "structnmt.study.runs", str(study.path), recipe, str(seed), str(threads)]
+        report(recipe, seed, "running")
+        with open(log, "a", encoding="utf-8") as handle:
+            handle.write(f"$ {' '.join(command)}\n")
+            handle.flush()
+            code = subprocess.call(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
+                                   preexec_fn=_child_setup(study.executor.nice))  # noqa: PLW1509
+        status = EXIT_TO_STATUS.get(code, FAILED_STATUS)
+        if status == FAILED_STATUS and code != 1:  # killed by a signal or crashed without a record
+            write_failure(study, recipe, seed, f"the run process ended with status {code}", log)
+        results[run] = status
+        report(recipe, seed, status)
+
+    with ThreadPoolExecutor(max_workers=jobs) as pool:
+        list(pool.map(one, runs))
+    return results
+
+
+class RunJob:
+    """A study run as a submitit job; requeued (and so resumed) on pre-emption or timeout."""
+
+    def __call__(self, study_path: str, recipe: str, seed: int, cwd: str) -> str:
+        from structnmt.study.spec import load_study
+
+        os.chdir(cwd)  # recipes name their files relative to the project's root
+        return execute_run(load_study(study_path), recipe, seed)
+
+    def checkpoint(self, *args, **kwargs):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self, *args, **kwargs)
+
+
+def run_submitit(study: Study, runs: list[tuple[str, int]], cluster: str | None,
+                 report: Callable[[str, int, str], None]) -> dict[tuple[str, int], str]:
+    """Submit every run as a job (``cluster=None``: SLURM when present; ``"local"``: submitit's
+    local executor, real processes on this machine) and wait for them."""
+    try:
+        import submitit
+    except ImportError:
+        from structnmt.errors import ConfigError
+
+        raise ConfigError("the slurm executor needs submitit (pip install submitit)", "executor.kind") from None
+    s = study.slurm
+    executor = submitit.AutoExecutor(folder=str(study.work_dir / "submitit" / "%j"), cluster=cluster)
+    params = {"timeout_min": s.time_min, "gpus_per_node": s.gpus_per_run, "cpus_per_task": s.cpus_per_run,
+              "name": f"structnmt-{study.name}"}
+    if s.mem_gb:
+        params["mem_gb"] = s.mem_gb
+    if executor.cluster == "slurm":
+        if s.partition:
+            params["slurm_partition"] = s.partition
+        params["slurm_max_num_timeout"] = s.max_requeue
+        if s.options:
+            params["slurm_additional_parameters"] = dict(s.options)
+    executor.update_parameters(**params)
+    cwd = os.getcwd()
+    submitted = []
+    for recipe, seed in runs:
+        job = executor.submit(RunJob(), str(Path(study.path).absolute()), recipe, seed, cwd)
+        report(recipe, seed, f"submitted as job {job.job_id}")
+        submitted.append(((recipe, seed), job))
+    results: dict[tuple[str, int], str] = {}
+    for (recipe, seed), job in submitted:
+        try:
+            status = job.result()
+        except Exception as err:  # noqa: BLE001 (a job that died is one failed run)
+            status = FAILED_STATUS
+            write_failure(study, recipe, seed, f"job {job.job_id} failed: {str(err).strip()[-2000:]}",
+                          Path(str(job.paths.stderr)))
+        results[(recipe, seed)] = status
+        report(recipe, seed, status)
+    return results

@@ -1,0 +1,218 @@
+"""The study report: Markdown tables from the records, significance against the baseline, one picture.
+
+Everything is computed from the records (committed text files) and, for significance, the
+references of the dataset on this machine; a report written where the dataset is absent
+still has every score, and says that it could not test significance.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from structnmt.io import atomic_write_text
+from structnmt.study.runs import read_failure, read_record, stale_reason
+from structnmt.study.spec import Study
+
+
+def _mean_sd(values: list[float]) -> str:
+    if not values:
+        return "-"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+
+
+def _references(study: Study, recipe: str, seed: int, test: str, scores: dict[str, Any]) -> list[str] | None:
+    """The test set's references from the run's dataset (a long-dependency subset: its lines)."""
+    from structnmt.data.dataset import ParallelDataset
+
+    cfg = study.run_config(recipe, seed)
+    split = scores.get("subset_of", test)
+    if not (Path(cfg.data.dir) / split).is_dir():
+        return None
+    refs = ParallelDataset(cfg.data.dir, split).raw("tgt")
+    if "lines" in scores:
+        refs = [refs[n - 1] for n in scores["lines"]]
+    return refs
+
+
+def _hyps(study: Study, recipe: str, seed: int, test: str) -> list[str]:
+    path = study.record_dir(recipe, seed) / "hyps" / f"{test}.hyp"
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def collect(study: Study) -> dict[str, Any]:
+    """Current records by recipe and seed, and what is missing or failed."""
+    records: dict[str, dict[int, dict]] = {}
+    missing, failed, stale = [], [], []
+    for recipe, seed in study.runs():
+        record = read_record(study, recipe, seed)
+        if record is not None and (reason := stale_reason(study, recipe, seed, record)) is not None:
+            stale.append((recipe, seed, reason))
+            record = None
+        if record is None:
+            failure = read_failure(study, recipe, seed)
+            if failure is not None:
+                failed.append((recipe, seed, failure))
+            else:
+                missing.append((recipe, seed))
+            continue
+        records.setdefault(recipe, {})[seed] = record
+    return {"records": records, "missing": missing, "failed": failed, "stale": stale}
+
+
+def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """For each test set and recipe: scores per seed, mean ± sd, and the verdict against the baseline."""
+    from structnmt.evaluation.significance import seed_verdict
+
+    records = data["records"]
+    tests: list[str] = []
+    for by_seed in records.values():
+        for record in by_seed.values():
+            tests += [t for t in record["scores"] if t not in tests]
+    base = records.get(study.baseline, {})
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for test in tests:
+        rows: dict[str, dict[str, Any]] = {}
+        for recipe in [study.baseline] + [r.name for r in study.recipes if r.name != study.baseline]:
+            by_seed = {s: r for s, r in records.get(recipe, {}).items() if test in r["scores"]}
+            if not by_seed:
+                continue
+            row: dict[str, Any] = {
+                "bleu": {s: r["scores"][test]["bleu"] for s, r in sorted(by_seed.items())},
+                "chrf": {s: r["scores"][test]["chrf"] for s, r in sorted(by_seed.items())},
+                "signature": next(iter(by_seed.values()))["scores"][test].get("signature", {}),
+            }
+            pairs = sorted(set(by_seed) & {s for s, r in base.items() if test in r["scores"]})
+            if recipe != study.baseline and pairs:
+                seed = pairs[0]
+                refs = _references(study, recipe, seed, test, by_seed[seed]["scores"][test])
+                if refs is not None:
+                    row["verdict"] = seed_verdict(
+                        {s: _hyps(study, recipe, s, test) for s in pairs},
+                        {s: _hyps(study, study.baseline, s, test) for s in pairs}, refs)
+            rows[recipe] = row
+        out[test] = rows
+    return out
+
+
+def _picture(study: Study, table: dict[str, dict[str, dict[str, Any]]], path: Path) -> Path | None:
+    """Each recipe's BLEU per seed (dots) against the baseline's seeds (band), per test set."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    tests = [t for t in table if not t.endswith("_longdep")][:4] or list(table)[:4]
+    if not tests:
+        return None
+    fig, axes = plt.subplots(1, len(tests), figsize=(4.2 * len(tests), 4.2), squeeze=False)
+    for ax, test in zip(axes[0], tests):
+        rows = table[test]
+        names = list(rows)
+        base = list(rows.get(study.baseline, {}).get("bleu", {}).values())
+        if base:
+            ax.axhspan(min(base), max(base), color="0.85", zorder=0, label=f"{study.baseline} (seed range)")
+            ax.axhline(statistics.mean(base), color="0.4", lw=1, zorder=1)
+        for x, name in enumerate(names):
+            values = list(rows[name]["bleu"].values())
+            ax.scatter([x] * len(values), values, s=28, zorder=2,
+                       color="0.3" if name == study.baseline else f"C{x % 10}")
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels(names, rotation=60, ha="right", fontsize=8)
+        ax.set_title(test, fontsize=10)
+        ax.set_ylabel("BLEU")
+        ax.grid(axis="y", alpha=0.3)
+    fig.suptitle(f"{study.name}: BLEU per seed against {study.baseline}", fontsize=11)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
+
+
+def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[str, Any]]],
+           picture: Path | None, out: Path) -> str:
+    from structnmt.evaluation.significance import VERDICT_RULE
+
+    records = data["records"]
+    all_records = [r for by_seed in records.values() for r in by_seed.values()]
+    lines = [f"# Study `{study.name}`", ""]
+    n_runs = len(study.runs())
+    lines += [f"{len(all_records)} of {n_runs} runs recorded ({len(data['failed'])} failed, "
+              f"{len(data['missing'])} pending, {len(data['stale'])} stale). Every run trains exactly "
+              f"{study.max_steps} updates and is tested on its last checkpoint with beam search.", ""]
+    lines += ["## Commands", "", "```sh",
+              f"structnmt study {study.path}            # runs what is missing, then writes this report",
+              f"structnmt study {study.path} --status   # where every run stands",
+              f"structnmt study {study.path} --report   # this report from the records", "```", ""]
+    machines = sorted({f"{r.get('cpu')}, {r.get('device')}, {r.get('precision')}, {r.get('threads')} thread(s)"
+                       for r in all_records})
+    if machines:
+        lines += ["Where the runs trained: " + "; ".join(machines) + ".", ""]
+    sigs = sorted({s for rows in table.values() for row in rows.values() for s in row["signature"].values()})
+    if sigs:
+        lines += ["sacreBLEU signatures: " + "; ".join(f"`{s}`" for s in sigs), ""]
+    lines += ["## Scores", "", f"Verdicts against `{study.baseline}`: {VERDICT_RULE}", ""]
+    for test, rows in table.items():
+        lines += [f"### {test}", "", "| recipe | BLEU (mean ± sd) | chrF (mean ± sd) | BLEU per seed | "
+                  "Δ BLEU | verdict | p per seed pair |", "|---|---:|---:|---|---:|---|---|"]
+        base_bleu = list(rows.get(study.baseline, {}).get("bleu", {}).values())
+        for recipe, row in rows.items():
+            bleu = list(row["bleu"].values())
+            delta = f"{statistics.mean(bleu) - statistics.mean(base_bleu):+.2f}" if base_bleu and \
+                recipe != study.baseline else ""
+            verdict = row.get("verdict") or {}
+            pvals = ", ".join(f"s{s}: {p:.3f}" for s, p in (verdict.get("p") or {}).items())
+            label = verdict.get("verdict", "baseline" if recipe == study.baseline else "no references here")
+            per_seed = ", ".join(f"s{s}: {v:.2f}" for s, v in row["bleu"].items())
+            lines.append(f"| {recipe} | {_mean_sd(bleu)} | {_mean_sd(list(row['chrf'].values()))} | {per_seed} | "
+                         f"{delta} | {label} | {pvals} |")
+        lines.append("")
+    if picture is not None:
+        rel = Path(picture).resolve().relative_to(out.parent.resolve()) if out.parent.resolve() in \
+            Path(picture).resolve().parents else picture
+        lines += [f"![BLEU per seed]({rel})", ""]
+    lines += ["## Runs", "", "| recipe | seed | updates | train min | test min | device | precision | finished |",
+              "|---|---:|---:|---:|---:|---|---|---|"]
+    for recipe, by_seed in records.items():
+        for seed, r in sorted(by_seed.items()):
+            lines.append(f"| {recipe} | {seed} | {r['updates']} | {r['train_seconds'] / 60:.1f} | "
+                         f"{r['test_seconds'] / 60:.1f} | {r.get('device')} | {r.get('precision')} | "
+                         f"{r.get('finished', '')[:16]} |")
+    lines.append("")
+    if data["failed"]:
+        lines += ["## Failed runs", ""]
+        for recipe, seed, failure in data["failed"]:
+            lines.append(f"- **{recipe} seed {seed}**: {failure.get('error', '')}")
+            tail = failure.get("log_tail") or []
+            if tail:
+                lines += ["  ```", *[f"  {t}" for t in tail[-5:]], "  ```"]
+        lines.append("")
+    if data["missing"] or data["stale"]:
+        lines += ["## Not yet run", ""]
+        lines += [f"- {recipe} seed {seed}" for recipe, seed in data["missing"]]
+        lines += [f"- {recipe} seed {seed} ({reason})" for recipe, seed, reason in data["stale"]]
+        lines.append("")
+    lines += ["## The study file", "", "```yaml", study.path.read_text(encoding="utf-8").rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def write_report(study: Study, out: str | Path | None = None) -> Path:
+    """Write ``<records>/report.md`` (and ``report.png``); returns the Markdown's path."""
+    out = Path(out) if out else study.records / "report.md"
+    data = collect(study)
+    table = compare(study, data)
+    picture = _picture(study, table, out.with_suffix(".png"))
+    text = render(study, data, table, picture, out)
+    atomic_write_text(out, text)
+    summary = {test: {recipe: {"bleu": row["bleu"], "verdict": (row.get("verdict") or {}).get("verdict")}
+                      for recipe, row in rows.items()} for test, rows in table.items()}
+    atomic_write_text(out.with_suffix(".json"), json.dumps(summary, indent=2) + "\n")
+    return out
+

@@ -1,0 +1,311 @@
+"""One run of a study: train (or resume) to the study's budget, test, leave a record.
+
+A *record* is a small folder of text files, meant to be committed, that lets a study go on
+on another machine without redoing the run: ``record.json`` (recipe digest, dataset
+identity, seed, updates, wall time, device, every test score and its sacreBLEU signature),
+``log.jsonl`` (the training curve) and ``hyps/<test set>.hyp`` (detokenised translations).
+It is written into a temporary folder and renamed into place, so a record exists whole or
+not at all. A run that fails leaves ``failed.json`` with the error and the last lines of its
+log instead, and the study goes on with the others.
+
+A record is current when its ``digest`` (the run's config after overrides) and the identity
+of the dataset parts its model reads (sub-word model; the parser's recipe when the model
+reads trees) equal today's; otherwise the run is done again and the status says why.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import platform
+import shutil
+import socket
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from structnmt.errors import StructNMTError
+from structnmt.io import atomic_write_text
+from structnmt.study.spec import Study, config_digest
+
+RECORD = "record.json"
+FAILED = "failed.json"
+DIGEST_FILE = "study_digest.txt"  # in the work folder of a run: whose checkpoints these are
+LOG_TAIL = 20
+
+#: how the parts of a run end
+DONE, FAILED_STATUS, INTERRUPTED, BUSY = "done", "failed", "interrupted", "busy"
+
+
+# ---------------------------------------------------------------------------
+# identity of what a run reads
+
+
+def parser_recipe_identity(model: str | None) -> dict[str, Any] | None:
+    """A parser by what it was made from, not by its weights.
+
+    A structnmt-trained UD parser is named by its training files (SHA-256), size, steps and
+    seed, and spaCy's version; retrained on another machine from the same recipe it is the
+    same parser here, although its floating-point weights may differ in the last bits. A
+    packaged model is named by package and version.
+    """
+    if not model:
+        return None
+    meta_file = Path(model) / "meta.json"
+    if meta_file.is_file():
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        own = meta.get("structnmt") or {}
+        keep = {k: own.get(k) for k in ("train_files", "dev_file", "max_steps", "seed", "size") if k in own}
+        return {"name": f"{meta.get('lang', '')}_{meta.get('name', '')}", "version": meta.get("version"),
+                "spacy": meta.get("spacy_version"), **keep}
+    try:
+        from importlib.metadata import version
+
+        return {"name": model, "version": version(model.replace("_", "-"))}
+    except Exception:  # noqa: BLE001 (any failure: fall back to the name alone)
+        return {"name": model}
+
+
+def dataset_identity(cfg: Any, model_reads_trees: bool) -> dict[str, Any]:
+    """The sub-word model(s) of the run's dataset and, when its model reads trees, its parsers."""
+    directory = Path(cfg.data.dir)
+    meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+    subwords = {}
+    for side, info in meta["subwords"].items():
+        digest = hashlib.sha256((directory / info["file"]).read_bytes()).hexdigest()
+        subwords[side] = digest
+    out: dict[str, Any] = {"subwords": subwords}
+    if model_reads_trees:
+        out["parsers"] = {side: parser_recipe_identity(getattr(cfg.data, side).parser.model)
+                          if getattr(cfg.data, side).parser.backend == "spacy"
+                          else (meta.get("parsers") or {}).get(side)
+                          for side in ("src", "tgt")}
+    return out
+
+
+def reads_trees(cfg: Any) -> bool:
+    from structnmt.model.transformer import Transformer
+
+    model = Transformer(cfg.model, 8, 8)
+    needs = model.structure_needs()
+    return bool(needs["src"] or needs["tgt"])
+
+
+# ---------------------------------------------------------------------------
+# records
+
+
+def read_record(study: Study, recipe: str, seed: int) -> dict[str, Any] | None:
+    path = study.record_dir(recipe, seed) / RECORD
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return None
+
+
+def read_failure(study: Study, recipe: str, seed: int) -> dict[str, Any] | None:
+    path = study.record_dir(recipe, seed) / FAILED
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except ValueError:
+        return {"error": "unreadable failed.json"}
+
+
+def stale_reason(study: Study, recipe: str, seed: int, record: dict[str, Any]) -> str | None:
+    """Why a record no longer stands for today's run, or None when it does."""
+    cfg = study.run_config(recipe, seed)
+    if record.get("digest") != config_digest(cfg):
+        from structnmt.training.trainer import config_differences
+
+        old, new = record.get("config") or {}, _digest_view(cfg)
+        fields = [k for k, _, _ in config_differences(old, new, "config")][:3]
+        return "recipe changed" + (f" ({', '.join(f.removeprefix('config.') for f in fields)})" if fields else "")
+    if (Path(cfg.data.dir) / "meta.json").is_file():
+        now = dataset_identity(cfg, bool(record.get("reads_trees")))
+        if now != record.get("dataset"):
+            parts = [k for k in now if now.get(k) != (record.get("dataset") or {}).get(k)]
+            return f"dataset changed ({', '.join(parts)})"
+    return None
+
+
+def _digest_view(cfg: Any) -> dict[str, Any]:
+    from structnmt.config import to_dict
+
+    raw = to_dict(cfg)
+    raw.pop("path", None)
+    return json.loads(json.dumps(raw, default=str))
+
+
+def _tail(path: Path, n: int = LOG_TAIL) -> list[str]:
+    if not path.is_file():
+        return []
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return [line.rstrip("\n") for line in handle.readlines()[-n:]]
+
+
+def write_failure(study: Study, recipe: str, seed: int, error: str, log: Path | None) -> None:
+    record_dir = study.record_dir(recipe, seed)
+    cfg_digest = None
+    with contextlib.suppress(StructNMTError):
+        cfg_digest = config_digest(study.run_config(recipe, seed))
+    info = {"recipe": recipe, "seed": seed, "digest": cfg_digest, "error": error,
+            "log_tail": _tail(log) if log else [], "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "host": socket.gethostname()}
+    atomic_write_text(record_dir / FAILED, json.dumps(info, indent=2, ensure_ascii=False) + "\n")
+
+
+def _write_record(study: Study, recipe: str, seed: int, record: dict[str, Any], hyps: dict[str, Path],
+                  log: Path) -> None:
+    final = study.record_dir(recipe, seed)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        (tmp / "hyps").mkdir()
+        for name, path in hyps.items():
+            shutil.copyfile(path, tmp / "hyps" / f"{name}.hyp")
+        if log.is_file():
+            shutil.copyfile(log, tmp / "log.jsonl")
+        atomic_write_text(tmp / RECORD, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+        old = None
+        if final.exists():
+            old = final.with_name(f".{final.name}.old.{os.getpid()}")
+            os.replace(final, old)
+        os.replace(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+# ---------------------------------------------------------------------------
+# one run
+
+
+def _cpu_name() -> str:
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
+def execute_run(study: Study, recipe: str, seed: int) -> str:
+    """Train (resuming when a checkpoint of the same digest is there), test, write the record.
+
+    Returns ``done``, ``interrupted`` (a signal stopped training after a checkpoint: run it
+    again to go on), ``busy`` (another process holds the run) or ``failed`` (written to
+    ``failed.json``; the exception is not raised, so the other runs go on).
+    """
+    from structnmt.locks import LockedError
+
+    run_dir = study.run_dir(recipe, seed)
+    log_file = run_dir / "worker.log"
+    try:
+        return _execute(study, recipe, seed, run_dir)
+    except LockedError as err:
+        print(f"[study] {recipe} seed {seed}: {err}", file=sys.stderr)
+        return BUSY
+    except Exception as err:  # noqa: BLE001 (a failed run is recorded, never fatal to the study)
+        message = str(err) if isinstance(err, StructNMTError) else "".join(
+            traceback.format_exception_only(type(err), err)).strip()
+        print(f"[study] {recipe} seed {seed} failed: {message}", file=sys.stderr)
+        if not isinstance(err, StructNMTError):
+            traceback.print_exc()
+        write_failure(study, recipe, seed, message, log_file)
+        return FAILED_STATUS
+
+
+def _execute(study: Study, recipe: str, seed: int, run_dir: Path) -> str:
+    from structnmt.cli.main import evaluate_run
+    from structnmt.training.trainer import train
+
+    cfg = study.run_config(recipe, seed)
+    digest = config_digest(cfg)
+    trees = reads_trees(cfg)
+    marker = run_dir / DIGEST_FILE
+    resume = False
+    if run_dir.exists():
+        if marker.is_file() and marker.read_text().strip() == digest:
+            resume = any(run_dir.glob("*.pt"))
+        else:  # checkpoints of an older recipe: this folder belongs to the study, start again
+            _clear_run_dir(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(marker, digest + "\n")
+    started = time.time()
+    summary = train(cfg, resume=resume)
+    train_seconds = time.time() - started
+    if summary["status"] == "interrupted":
+        return INTERRUPTED
+    if summary["status"] == "diverged":
+        raise RuntimeError(f"training diverged at step {summary['step']}")
+    if summary["step"] < study.max_steps:
+        raise RuntimeError(f"training stopped at step {summary['step']} ({summary['status']}), "
+                           f"before the study's {study.max_steps} updates")
+    started = time.time()
+    scores = evaluate_run(run_dir, checkpoint=str(run_dir / "last.pt"), splits=study.test_sets, quiet=True,
+                          long_dependency=study.long_dependency)
+    test_seconds = time.time() - started
+    run_info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    from structnmt.training.logger import read_log
+
+    valid = [r for r in read_log(run_dir / "log.jsonl") if r.get("kind") == "valid"]
+    record = {
+        "study": study.name, "recipe": recipe, "seed": seed, "digest": digest,
+        "config": _digest_view(cfg), "recipe_file": study.recipe(recipe).config,
+        "reads_trees": trees, "dataset": dataset_identity(cfg, trees),
+        "updates": summary["step"], "epochs": summary["epoch"], "status": summary["status"],
+        "train_seconds": round(train_seconds, 1), "test_seconds": round(test_seconds, 1),
+        "device": run_info.get("device"), "precision": run_info.get("precision"), "cpu": _cpu_name(),
+        "threads": cfg.training.threads, "host": socket.gethostname(), "torch": run_info.get("torch"),
+        "structnmt": run_info.get("structnmt"), "sacrebleu": run_info.get("sacrebleu"),
+        "parameters": run_info.get("parameters"),
+        "checkpoint": "last.pt",
+        "valid": [{"step": r["step"], "loss": r.get("loss"), "bleu": r.get("bleu")} for r in valid],
+        "scores": {name: {k: s[k] for k in ("bleu", "chrf", "signature", "sentences", "truncated_lines",
+                                              "subset_of", "lines") if k in s}
+                   for name, s in scores.items()},
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    hyps = {name: run_dir / "eval" / f"{name}.hyp" for name in scores}
+    _write_record(study, recipe, seed, record, hyps, run_dir / "log.jsonl")
+    (study.record_dir(recipe, seed) / FAILED).unlink(missing_ok=True)
+    return DONE
+
+
+def _clear_run_dir(run_dir: Path) -> None:
+    from structnmt.locks import DirectoryLock
+
+    with DirectoryLock(run_dir, "study reset", messages=lambda _m: None):
+        for path in run_dir.iterdir():
+            if path.name == "worker.log":
+                continue
+            if path.is_dir():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m structnmt.study.runs STUDY.yaml RECIPE SEED``: one run, as its own process."""
+    from structnmt.study.spec import load_study
+
+    args = sys.argv[1:] if argv is None else argv
+    study = load_study(args[0])
+    if len(args) > 3:  # threads for this run, chosen by the executor (not part of the digest)
+        study.executor.threads = int(args[3])
+    status = execute_run(study, args[1], int(args[2]))
+    return {DONE: 0, INTERRUPTED: 75, BUSY: 3}.get(status, 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,228 @@
+"""A study file: which recipes, which seeds, one update budget, which test sets, which baseline.
+
+```yaml
+name: multi30k_en_de
+baseline: transformer
+seeds: [1, 2]
+max_steps: 1200                # every run trains exactly this many updates (no wall-clock stop)
+test_sets: [test_2016_flickr]  # default: every split but train and valid
+overrides: {training.valid_every: 400}          # for every run
+recipes:
+  - {name: transformer, config: configs/multi30k_en_de_transformer.yaml}
+  - {name: pascal, config: configs/multi30k_en_de_pascal.yaml, overrides: {model.dropout: 0.3}}
+executor: {kind: local, jobs: 1, threads: 2, nice: 10}
+slurm: {partition: gpu, time_min: 240, gpus_per_run: 1, cpus_per_run: 8, options: {account: nmt}}
+```
+
+Paths of recipes are taken from the directory the command runs in, as the recipes' own
+data paths are. Records go to ``records`` (default: the study file's path without
+``.yaml``), meant to be committed; checkpoints go to ``work_dir`` (default
+``runs/study_<name>``), never committed. The whole file, every recipe with its overrides
+included, is validated before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from structnmt.config import ExperimentConfig, load_config, to_dict
+from structnmt.errors import ConfigError
+
+STUDY_FIELDS = {"name", "baseline", "seeds", "max_steps", "test_sets", "overrides", "recipes", "records",
+                "work_dir", "executor", "slurm", "long_dependency"}
+RECIPE_FIELDS = {"name", "config", "overrides"}
+EXECUTOR_FIELDS = {"kind", "jobs", "threads", "nice"}
+SLURM_FIELDS = {"partition", "time_min", "gpus_per_run", "cpus_per_run", "mem_gb", "options", "max_requeue"}
+
+
+@dataclass
+class Recipe:
+    name: str
+    config: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ExecutorSpec:
+    kind: str = "local"  # local | slurm (submitit)
+    jobs: int = 1  # local: runs at once
+    threads: int = 0  # threads of each run; 0: the machine's cores divided by jobs
+    nice: int = 10  # local: niceness of the run processes
+
+
+@dataclass
+class SlurmSpec:
+    partition: str | None = None
+    time_min: int = 240
+    gpus_per_run: int = 0
+    cpus_per_run: int = 4
+    mem_gb: int | None = None
+    options: dict[str, Any] = field(default_factory=dict)  # more sbatch options (account, qos, ...)
+    max_requeue: int = 5
+
+
+@dataclass
+class Study:
+    name: str
+    path: Path
+    baseline: str
+    seeds: list[int]
+    max_steps: int
+    recipes: list[Recipe]
+    test_sets: list[str] | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    records: Path = Path(".")
+    work_dir: Path = Path(".")
+    executor: ExecutorSpec = field(default_factory=ExecutorSpec)
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)
+    long_dependency: int = 7
+
+    def recipe(self, name: str) -> Recipe:
+        return next(r for r in self.recipes if r.name == name)
+
+    def runs(self) -> list[tuple[str, int]]:
+        """(recipe, seed) in the order they run: seed by seed, the baseline first, so that the
+        first finished runs already give one full comparison."""
+        order = [self.baseline] + [r.name for r in self.recipes if r.name != self.baseline]
+        return [(name, seed) for seed in self.seeds for name in order]
+
+    def run_dir(self, recipe: str, seed: int) -> Path:
+        return self.work_dir / recipe / f"seed{seed}"
+
+    def record_dir(self, recipe: str, seed: int) -> Path:
+        return self.records / recipe / f"seed{seed}"
+
+    def run_config(self, recipe: str, seed: int) -> ExperimentConfig:
+        """The recipe's config with the study's and the recipe's overrides, its seed and the
+        study's fixed update budget."""
+        r = self.recipe(recipe)
+        overrides = {**self.overrides, **r.overrides,
+                     "training.seed": seed, "training.max_steps": self.max_steps, "training.max_minutes": 0,
+                     "training.out_dir": str(self.run_dir(recipe, seed)), "training.progress": False}
+        if self.executor.threads:
+            overrides["training.threads"] = self.executor.threads
+        return load_config(r.config, overrides)
+
+
+def _check_keys(raw: dict, allowed: set[str], where: str, path: Path) -> None:
+    for key in raw:
+        if key not in allowed:
+            raise ConfigError(f"unknown field (allowed: {', '.join(sorted(allowed))})",
+                              f"{where}.{key}" if where else str(key), path)
+
+
+def _int(value: Any, where: str, path: Path, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"expected an integer, got {value!r}", where, path)
+    if value < minimum:
+        raise ConfigError(f"must be at least {minimum}, got {value}", where, path)
+    return value
+
+
+def load_study(path: str | Path) -> Study:
+    """Read and validate a study file; every recipe's config is loaded with its overrides."""
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("study file not found", path=path) from None
+    except yaml.YAMLError as err:
+        raise ConfigError(f"not valid YAML ({err})", path=path) from None
+    if not isinstance(raw, dict):
+        raise ConfigError("a study file is a mapping (name, baseline, seeds, max_steps, recipes)", path=path)
+    _check_keys(raw, STUDY_FIELDS, "", path)
+    for key in ("name", "baseline", "seeds", "max_steps", "recipes"):
+        if key not in raw:
+            raise ConfigError("missing", key, path)
+    name = raw["name"]
+    if not isinstance(name, str) or not name or "/" in name:
+        raise ConfigError(f"expected a name without '/', got {name!r}", "name", path)
+    seeds = raw["seeds"]
+    if not isinstance(seeds, list) or not seeds:
+        raise ConfigError("expected a non-empty list of integers", "seeds", path)
+    seeds = [_int(s, f"seeds[{i}]", path) for i, s in enumerate(seeds)]
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"a seed is listed twice: {seeds}", "seeds", path)
+    max_steps = _int(raw["max_steps"], "max_steps", path, minimum=1)
+    overrides = raw.get("overrides") or {}
+    if not isinstance(overrides, dict):
+        raise ConfigError("expected a mapping of dotted fields to values", "overrides", path)
+    recipes: list[Recipe] = []
+    if not isinstance(raw["recipes"], list) or not raw["recipes"]:
+        raise ConfigError("expected a non-empty list of {name, config, overrides}", "recipes", path)
+    for i, item in enumerate(raw["recipes"]):
+        where = f"recipes[{i}]"
+        if not isinstance(item, dict):
+            raise ConfigError("expected {name: ..., config: ...}", where, path)
+        _check_keys(item, RECIPE_FIELDS, where, path)
+        rname, config = item.get("name"), item.get("config")
+        if not isinstance(rname, str) or not rname or "/" in rname:
+            raise ConfigError(f"expected a name without '/', got {rname!r}", f"{where}.name", path)
+        if any(r.name == rname for r in recipes):
+            raise ConfigError(f"duplicate recipe name {rname!r}", f"{where}.name", path)
+        if not isinstance(config, str) or not Path(config).is_file():
+            raise ConfigError(f"no such recipe file: {config!r}", f"{where}.config", path)
+        rover = item.get("overrides") or {}
+        if not isinstance(rover, dict):
+            raise ConfigError("expected a mapping of dotted fields to values", f"{where}.overrides", path)
+        recipes.append(Recipe(rname, config, dict(rover)))
+    baseline = raw["baseline"]
+    if baseline not in {r.name for r in recipes}:
+        raise ConfigError(f"{baseline!r} is not one of the study's recipes ({', '.join(r.name for r in recipes)})",
+                          "baseline", path)
+    test_sets = raw.get("test_sets")
+    if test_sets is not None and (not isinstance(test_sets, list) or not all(isinstance(t, str) for t in test_sets)):
+        raise ConfigError("expected a list of split names", "test_sets", path)
+    executor = raw.get("executor") or {}
+    _check_keys(executor, EXECUTOR_FIELDS, "executor", path)
+    ex = ExecutorSpec(**executor)
+    if ex.kind not in ("local", "slurm"):
+        raise ConfigError(f"must be local or slurm, got {ex.kind!r}", "executor.kind", path)
+    _int(ex.jobs, "executor.jobs", path, 1)
+    _int(ex.threads, "executor.threads", path, 0)
+    _int(ex.nice, "executor.nice", path, 0)
+    slurm = raw.get("slurm") or {}
+    _check_keys(slurm, SLURM_FIELDS, "slurm", path)
+    study = Study(
+        name=name, path=path, baseline=baseline, seeds=seeds, max_steps=max_steps, recipes=recipes,
+        test_sets=test_sets, overrides=dict(overrides),
+        records=Path(raw.get("records") or path.with_suffix("")),
+        work_dir=Path(raw.get("work_dir") or f"runs/study_{name}"),
+        executor=ex, slurm=SlurmSpec(**slurm),
+        long_dependency=_int(raw.get("long_dependency", 7), "long_dependency", path),
+    )
+    # every run's config, validated now: an unknown field in an override names its recipe
+    datasets: dict[str, tuple[str, dict]] = {}
+    for i, r in enumerate(recipes):
+        try:
+            cfg = study.run_config(r.name, seeds[0])
+        except ConfigError as err:
+            raise ConfigError(f"recipe {r.name!r}: {err}", f"recipes[{i}]", path) from None
+        if cfg.data is None:
+            raise ConfigError(f"recipe {r.name!r} has no data section", f"recipes[{i}].config", path)
+        data = json.loads(json.dumps(asdict(cfg.data)))
+        for key in ("processes", "cache_dir"):
+            data.pop(key, None)
+        if cfg.data.dir in datasets and datasets[cfg.data.dir][1] != data:
+            raise ConfigError(f"recipe {r.name!r} builds {cfg.data.dir} from another data section than recipe "
+                              f"{datasets[cfg.data.dir][0]!r}: one would overwrite the other", f"recipes[{i}]", path)
+        datasets.setdefault(cfg.data.dir, (r.name, data))
+    return study
+
+
+def config_digest(cfg: ExperimentConfig) -> str:
+    """What decides a run's result, as a hash: the whole config after overrides, less the
+    fields that only say where things go or how fast."""
+    raw = to_dict(cfg)
+    raw.pop("path", None)
+    for key in ("out_dir", "threads", "progress", "tensorboard", "num_workers"):
+        raw.get("training", {}).pop(key, None)
+    for key in ("processes", "cache_dir"):
+        (raw.get("data") or {}).pop(key, None)
+    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()

@@ -1,0 +1,222 @@
+"""Runs that cannot corrupt each other and data that cannot go stale (issue 17), trainer and CLI side.
+
+Each test reproduces one way a run used to go wrong silently and asserts what happens now.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from structnmt.errors import CheckpointError
+from structnmt.io import atomic_write_text
+from structnmt.locks import DirectoryLock, LockedError, holder, lock_file
+from structnmt.training.checkpoint import verify_checkpoint
+from structnmt.training.logger import read_log
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_bad_input import cli, experiment, one_error, tiny_checkpoint  # noqa: E402
+from test_training import SCRIPT, V, _start, make_dataset, make_trainer, tiny_cfg  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("data"))
+
+
+# -- locks --------------------------------------------------------------------------------------
+
+
+def test_a_held_directory_is_refused_at_once_naming_the_holder(tmp_path):
+    with DirectoryLock(tmp_path / "run", "train"):
+        assert holder(tmp_path / "run")["pid"] == os.getpid()
+        with pytest.raises(LockedError, match=rf"in use by another process \(PID {os.getpid()} on "):
+            DirectoryLock(tmp_path / "run", "train").acquire()
+    assert holder(tmp_path / "run") is None
+    DirectoryLock(tmp_path / "run", "train").acquire().release()  # free again
+
+
+def test_the_lock_of_a_dead_process_is_taken_over_and_said_so(tmp_path):
+    lock_file(tmp_path / "run").write_text(json.dumps({"pid": 999999, "host": "gone", "purpose": "train"}))
+    said = []
+    with DirectoryLock(tmp_path / "run", "train", messages=said.append):
+        pass
+    assert len(said) == 1 and "taking over the lock left by PID 999999 on gone" in said[0]
+
+
+@pytest.mark.slow
+def test_two_trainings_on_one_out_dir_exactly_one_runs(data_dir, tmp_path):
+    script = tmp_path / "run_training.py"
+    script.write_text(SCRIPT.format(tests=str(Path(__file__).resolve().parent)))
+    out = tmp_path / "shared_run"
+    first = _start(script, data_dir, out, 2000, False)
+    deadline = time.time() + 120
+    while holder(out) is None and time.time() < deadline:
+        assert first.poll() is None, first.stderr.read()
+        time.sleep(0.01)
+    with pytest.raises(LockedError, match=rf"PID {first.pid} "):
+        make_trainer(tiny_cfg(out, max_steps=2000), data_dir).run(resume=True)
+    first.send_signal(signal.SIGTERM)
+    stdout, stderr = first.communicate(timeout=180)
+    assert stdout.strip() == "interrupted", stderr
+    steps = [r["step"] for r in read_log(out / "log.jsonl") if r["kind"] == "train"]
+    assert steps == list(range(1, len(steps) + 1))  # one writer: no step twice, none out of order
+
+
+# -- resume -------------------------------------------------------------------------------------
+
+
+def test_resume_on_another_dataset_is_refused(data_dir, tmp_path):
+    make_trainer(tiny_cfg(tmp_path / "run", max_steps=3), data_dir).run()
+    cfg = tiny_cfg(tmp_path / "run", max_steps=6)
+    other = make_trainer(cfg, data_dir)
+    other.vocab = {"src_vocab_size": V, "tgt_vocab_size": V, "fingerprint": "another-vocabulary"}
+    with pytest.raises(CheckpointError, match="vocabulary fingerprint test.*another-voca"):
+        other.run(resume=True)
+
+
+def test_resume_with_a_changed_model_names_the_fields_in_one_line(data_dir, tmp_path):
+    make_trainer(tiny_cfg(tmp_path / "run", max_steps=3), data_dir).run()
+    cfg = tiny_cfg(tmp_path / "run", max_steps=6)
+    cfg.model.d_model, cfg.model.d_ff = 48, 96
+    with pytest.raises(CheckpointError) as err:
+        make_trainer(cfg, data_dir).run(resume=True)
+    message = str(err.value)
+    assert "\n" not in message
+    assert "model.d_model: 32 in the checkpoint, 48 now" in message and "model.d_ff" in message
+
+
+def test_a_fallback_from_a_damaged_checkpoint_is_announced(data_dir, tmp_path, capsys):
+    make_trainer(tiny_cfg(tmp_path / "run", max_steps=6, keep_last=3), data_dir).run()
+    last = tmp_path / "run" / "last.pt"
+    damaged = last.read_bytes()[:-100]
+    os.unlink(last)  # last.pt is a hard link of step_6.pt: damage this name only
+    last.write_bytes(damaged)
+    capsys.readouterr()
+    make_trainer(tiny_cfg(tmp_path / "run", max_steps=7, keep_last=3), data_dir).run(resume=True)
+    err = capsys.readouterr().err
+    assert "not resuming from last.pt: " in err and "truncated checkpoint" in err and "falling back to step_6.pt" in err
+
+
+def test_after_a_resume_the_log_holds_each_step_once(data_dir, tmp_path):
+    make_trainer(tiny_cfg(tmp_path / "run", max_steps=6, valid_every=3), data_dir).run()
+    log = tmp_path / "run" / "log.jsonl"
+    # steps 7 and 8 were logged, then the process died before its next checkpoint
+    with open(log, "a") as handle:
+        for step in (7, 8):
+            handle.write(json.dumps({"kind": "train", "step": step, "loss": 99.0}) + "\n")
+    make_trainer(tiny_cfg(tmp_path / "run", max_steps=9, valid_every=3), data_dir).run(resume=True)
+    train = [r for r in read_log(log) if r["kind"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, 10))
+    assert all(r["loss"] != 99.0 for r in train)
+    superseded = read_log(tmp_path / "run" / "log.superseded.jsonl")
+    assert [r["step"] for r in superseded] == [7, 8]
+
+
+def test_the_summary_names_the_metric_it_holds(data_dir, tmp_path):
+    cfg = tiny_cfg(tmp_path / "run", max_steps=3, valid_bleu=False, early_stopping_metric="bleu")
+    summary = make_trainer(cfg, data_dir).run()
+    assert summary["metric"] == "loss" and summary["best_metric"] > 0.5  # a loss, not a BLEU score
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
+def test_training_on_a_dataset_prepared_from_another_data_section_is_refused(tmp_path, capsys):
+    config = experiment(tmp_path)
+    assert cli(capsys, "prepare", str(config))[0] == 0
+    code, _, err = cli(capsys, "train", str(config), "--set", "data.subwords.vocab_size=26")
+    message = one_error(code, err)
+    assert "data.subwords.vocab_size: 26 asked, 28 in the dataset" in message and "--force" in message
+
+
+def test_translate_refuses_an_output_that_is_its_input(tmp_path, capsys):
+    config = experiment(tmp_path)
+    assert cli(capsys, "prepare", str(config))[0] == 0
+    checkpoint = tiny_checkpoint(config, tmp_path / "model.pt")
+    text = "The dog sees a cat.\n"
+    (tmp_path / "in.txt").write_text(text)
+    os.link(tmp_path / "in.txt", tmp_path / "same.txt")  # another name, the same file
+    for output in ("in.txt", "same.txt"):
+        code, _, err = cli(capsys, "translate", "--checkpoint", str(checkpoint), "--input", str(tmp_path / "in.txt"),
+                           "--output", str(tmp_path / output), "--device", "cpu")
+        assert "is the input file" in one_error(code, err)
+    assert (tmp_path / "in.txt").read_text() == text
+
+
+def test_written_files_get_the_mode_the_umask_gives(tmp_path):
+    old = os.umask(0o027)
+    try:
+        atomic_write_text(tmp_path / "out.txt", "x\n")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "out.txt").stat().st_mode & 0o777 == 0o640
+
+
+def _with_long_test_line(tmp_path: Path) -> Path:
+    lines = ["The dog sees a cat.", "The dog " * 60 + "sees a cat.", "A cat likes the bird."]
+    (tmp_path / "test.en").write_text("".join(s + "\n" for s in lines))
+    (tmp_path / "test.de").write_text("".join(s.replace("The", "Der") + "\n" for s in lines))
+    config = experiment(tmp_path, model={"max_positions": 64}, data={
+        "src": {"lang": "en"},
+        "splits": {"train": {"src": str(tmp_path / "train.en"), "tgt": str(tmp_path / "train.de")},
+                   "test": {"src": str(tmp_path / "test.en"), "tgt": str(tmp_path / "test.de")}}})
+    raw = yaml.safe_load(config.read_text())
+    raw["decoding"] = {"beam": 1, "max_len_a": 0.0, "max_len_b": 3}
+    config.write_text(yaml.safe_dump(raw))
+    return config
+
+
+def test_a_test_line_longer_than_the_model_reads_is_translated_truncated_and_scored(tmp_path, capsys):
+    from structnmt.cli.main import evaluate_run
+
+    config = _with_long_test_line(tmp_path)
+    assert cli(capsys, "prepare", str(config))[0] == 0
+    (tmp_path / "run").mkdir()
+    tiny_checkpoint(config, tmp_path / "run" / "last.pt")
+    scores = evaluate_run(tmp_path / "run", splits=["test"], device="cpu", quiet=True)
+    err = capsys.readouterr().err
+    assert scores["test"]["truncated_lines"] == [2] and scores["test"]["sentences"] == 3
+    assert "1 line(s) longer than the model's 63 source positions" in err and "(lines 2)" in err
+    assert len((tmp_path / "run" / "eval" / "test.hyp").read_text().splitlines()) == 3
+
+
+def test_translating_a_long_raw_line_warns_and_keeps_every_line(tmp_path, capsys):
+    config = _with_long_test_line(tmp_path)
+    assert cli(capsys, "prepare", str(config))[0] == 0
+    checkpoint = tiny_checkpoint(config, tmp_path / "model.pt")
+    code, _, err = cli(capsys, "translate", "--checkpoint", str(checkpoint), "--input", str(tmp_path / "test.en"),
+                       "--output", str(tmp_path / "out.txt"), "--device", "cpu", "--beam", "1")
+    assert code == 0 and f"{tmp_path / 'test.en'}: 1 line(s) longer" in err and "(lines 2)" in err
+    assert len((tmp_path / "out.txt").read_text().splitlines()) == 3
+
+
+@pytest.mark.slow
+def test_sigterm_stops_train_with_the_resumable_status(tmp_path, capsys):
+    config = experiment(tmp_path)
+    raw = yaml.safe_load(config.read_text())
+    raw["training"].update({"max_steps": 100000, "valid_every": 0, "keep_last": 1})
+    config.write_text(yaml.safe_dump(raw))
+    assert cli(capsys, "prepare", str(config))[0] == 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    process = subprocess.Popen([sys.executable, "-m", "structnmt.cli.main", "train", str(config)], env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 120
+    while not (tmp_path / "run" / "last.pt").exists() and time.time() < deadline:
+        assert process.poll() is None, process.stderr.read()
+        time.sleep(0.02)
+    process.send_signal(signal.SIGTERM)
+    out, err = process.communicate(timeout=60)
+    assert process.returncode == 75, err
+    assert "status: interrupted" in out
+    assert verify_checkpoint(tmp_path / "run" / "last.pt")["step"] >= 1

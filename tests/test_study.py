@@ -1,0 +1,198 @@
+"""Studies on the synthetic task with tiny models: validation, records, resume, reruns, report, executors."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from structnmt.data.synthetic import demo_config, write_task
+from structnmt.errors import ConfigError
+from structnmt.study import load_study, run_study, study_status
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _write_recipes(work: Path) -> dict[str, Path]:
+    write_task(work / "data", sizes={"train": 300, "val": 24, "test": 24}, seed=3)
+    raw = demo_config(work, 0)
+    raw["data"]["subwords"]["vocab_size"] = 300
+    raw["model"].update({"d_model": 32, "d_ff": 64, "enc_layers": 1, "dec_layers": 1, "n_heads": 2})
+    raw["training"].update({"max_tokens": 1024, "warmup": 10, "lr": 3e-3, "valid_every": 10, "progress": False,
+                            "tensorboard": False, "log_every": 5, "keep_last": 1, "valid_beam": 1})
+    raw["decoding"]["beam"] = 2
+    base = work / "base.yaml"
+    base.write_text(yaml.safe_dump(raw))
+    pascal = work / "pascal.yaml"
+    pascal.write_text(yaml.safe_dump({"base": "base.yaml", "model": {
+        "methods": [{"name": "pascal", "layers": [1], "heads": 1}]}}))
+    return {"vanilla": base, "pascal": pascal}
+
+
+def _study_file(work: Path, recipes: dict[str, Path], name: str = "tiny", seeds=(1, 2), max_steps: int = 20,
+                extra: list[dict] | None = None, **more) -> Path:
+    spec = {"name": name, "baseline": "vanilla", "seeds": list(seeds), "max_steps": max_steps,
+            "test_sets": ["test"], "records": str(work / name / "records"), "work_dir": str(work / name / "runs"),
+            "recipes": [{"name": n, "config": str(p)} for n, p in recipes.items()] + (extra or []),
+            "executor": {"kind": "local", "jobs": 1, "threads": 1, "nice": 0}, **more}
+    path = work / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def recipes(tmp_path_factory) -> dict[str, Path]:
+    return _write_recipes(tmp_path_factory.mktemp("study"))
+
+
+# -- validation -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("change, field", [
+    ({"recipes": [{"name": "vanilla", "config": "nowhere.yaml"}]}, "recipes[0].config"),
+    ({"seeds": [1, "two"]}, "seeds[1]"),
+    ({"baseline": "nobody"}, "baseline"),
+    ({"max_steps": 0}, "max_steps"),
+    ({"colour": "red"}, "colour"),
+])
+def test_a_bad_study_file_names_the_field(recipes, tmp_path, change, field):
+    path = _study_file(tmp_path, recipes)
+    spec = yaml.safe_load(path.read_text())
+    spec.update(change)
+    path.write_text(yaml.safe_dump(spec))
+    with pytest.raises(ConfigError) as err:
+        load_study(path)
+    assert f"{field}:" in str(err.value) and str(path) in str(err.value)
+
+
+def test_duplicate_names_and_unknown_override_fields_are_refused(recipes, tmp_path):
+    twice = _study_file(tmp_path, recipes, extra=[{"name": "pascal", "config": str(recipes["pascal"])}])
+    with pytest.raises(ConfigError, match=r"recipes\[2\]\.name: duplicate recipe name 'pascal'"):
+        load_study(twice)
+    bad = _study_file(tmp_path, recipes, name="bad",
+                      extra=[{"name": "odd", "config": str(recipes["vanilla"]), "overrides": {"model.colour": 1}}])
+    with pytest.raises(ConfigError) as err:
+        load_study(bad)
+    assert "recipes[2]" in str(err.value) and "model.colour" in str(err.value)
+
+
+def test_runs_are_ordered_seed_by_seed_with_the_baseline_first(recipes, tmp_path):
+    study = load_study(_study_file(tmp_path, {"pascal": recipes["pascal"], "vanilla": recipes["vanilla"]}))
+    assert study.runs() == [("vanilla", 1), ("pascal", 1), ("vanilla", 2), ("pascal", 2)]
+    cfg = study.run_config("pascal", 2)
+    assert (cfg.training.seed, cfg.training.max_steps, cfg.training.max_minutes) == (2, 20, 0)
+    assert cfg.training.out_dir == str(tmp_path / "tiny" / "runs" / "pascal" / "seed2")
+
+
+# -- running ----------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_path):
+    broken = {"name": "broken", "config": str(recipes["vanilla"]), "overrides": {"model.max_positions": 4}}
+    path = _study_file(tmp_path, recipes, extra=[broken])
+    assert {r["state"] for r in study_status(path)} == {"pending"}
+
+    result = run_study(path)
+    assert result["runs"] == {"vanilla/seed1": "done", "pascal/seed1": "done", "broken/seed1": "failed",
+                              "vanilla/seed2": "done", "pascal/seed2": "done", "broken/seed2": "failed"}
+    study = load_study(path)
+    record = json.loads((study.record_dir("pascal", 2) / "record.json").read_text())
+    assert record["updates"] == 20 and record["seed"] == 2 and record["reads_trees"] is True
+    assert set(record["scores"]) >= {"test"} and 0 <= record["scores"]["test"]["bleu"] <= 100
+    assert record["scores"]["test"]["signature"]["bleu"].startswith("nrefs:1")
+    hyps = (study.record_dir("pascal", 2) / "hyps" / "test.hyp").read_text().splitlines()
+    assert len(hyps) == 24
+    # the failed recipe is in the status with its reason, and in the report
+    rows = {(r["recipe"], r["seed"]): r for r in study_status(path)}
+    assert rows[("broken", 1)]["state"] == "failed" and "max_positions" in rows[("broken", 1)]["note"]
+    assert rows[("vanilla", 1)]["state"] == "done" and rows[("vanilla", 1)]["bleu"] == \
+        json.loads((study.record_dir("vanilla", 1) / "record.json").read_text())["scores"]["test"]["bleu"]
+    report = Path(result["report"]).read_text()
+    assert "## Failed runs" in report and "broken seed 1" in report
+    assert "| pascal |" in report and "| vanilla |" in report and "Verdicts against `vanilla`" in report
+    assert Path(result["report"]).with_suffix(".png").stat().st_size > 1000
+
+    # without any checkpoint, the records alone keep every finished run finished
+    shutil.rmtree(study.work_dir)
+    again = run_study(path, report=False)
+    assert again["runs"] == {"broken/seed1": "failed", "broken/seed2": "failed"}
+
+    # a changed recipe reruns its runs only, and the status says why first
+    spec = yaml.safe_load(path.read_text())
+    spec["recipes"][1]["overrides"] = {"model.dropout": 0.3}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    rows = {(r["recipe"], r["seed"]): r for r in study_status(path)}
+    assert rows[("pascal", 1)]["state"] == "stale" and "model.dropout" in rows[("pascal", 1)]["note"]
+    assert rows[("vanilla", 1)]["state"] == "done"
+    third = run_study(path, report=False, only=["vanilla", "pascal"])
+    assert third["runs"] == {"pascal/seed1": "done", "pascal/seed2": "done"}
+
+
+def _step(run_dir: Path) -> int:
+    log = run_dir / "log.jsonl"
+    if not log.is_file():
+        return 0
+    steps = [json.loads(line).get("step", 0) for line in log.read_text().splitlines() if line.strip()]
+    return max([s for s in steps if isinstance(s, int)], default=0)
+
+
+@pytest.mark.slow
+def test_a_killed_study_resumes_its_run_to_the_same_result(recipes, tmp_path):
+    only_vanilla = {"vanilla": recipes["vanilla"]}
+    killed = _study_file(tmp_path, only_vanilla, name="killed", seeds=(1,), max_steps=150)
+    whole = _study_file(tmp_path, only_vanilla, name="whole", seeds=(1,), max_steps=150)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-m", "structnmt.cli.main", "study", str(killed)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    study = load_study(killed)
+    run_dir = study.run_dir("vanilla", 1)
+    deadline = time.time() + 300
+    while _step(run_dir) < 30 and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    assert process.poll() is None, process.stderr.read().decode()[-2000:]
+    assert [r["state"] for r in study_status(killed)] == ["running"]
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    # the run process is told by the kernel, saves a checkpoint and stops
+    while (run_dir.parent / f".{run_dir.name}.lock").exists() and time.time() < deadline:
+        from structnmt.locks import holder
+
+        if holder(run_dir) is None:
+            break
+        time.sleep(0.1)
+    rows = study_status(killed)
+    assert rows[0]["state"] == "interrupted" and 0 < rows[0]["step"] < 150
+    resumed_from = rows[0]["step"]
+
+    assert run_study(killed, report=False)["runs"] == {"vanilla/seed1": "done"}
+    assert run_study(whole, report=False)["runs"] == {"vanilla/seed1": "done"}
+    a, b = load_study(killed), load_study(whole)
+    assert (a.record_dir("vanilla", 1) / "hyps" / "test.hyp").read_text() == \
+        (b.record_dir("vanilla", 1) / "hyps" / "test.hyp").read_text()
+    ra = json.loads((a.record_dir("vanilla", 1) / "record.json").read_text())
+    rb = json.loads((b.record_dir("vanilla", 1) / "record.json").read_text())
+    assert ra["scores"]["test"]["bleu"] == rb["scores"]["test"]["bleu"] and ra["updates"] == 150
+    # the resumed run's log holds each step once
+    steps = [json.loads(line)["step"] for line in (a.record_dir("vanilla", 1) / "log.jsonl").read_text().splitlines()
+             if json.loads(line)["kind"] == "train"]
+    assert len(steps) == len(set(steps)) and resumed_from > 0
+
+
+@pytest.mark.slow
+def test_the_submitit_path_runs_a_study_with_its_local_executor(recipes, tmp_path):
+    pytest.importorskip("submitit")
+    path = _study_file(tmp_path, {"vanilla": recipes["vanilla"]}, name="sub", seeds=(1,), max_steps=10)
+    result = run_study(path, executor="submitit-local", report=False)
+    assert result["runs"] == {"vanilla/seed1": "done"}
+    study = load_study(path)
+    assert json.loads((study.record_dir("vanilla", 1) / "record.json").read_text())["updates"] == 10
+    assert any((study.work_dir / "submitit").rglob("*_result.pkl"))
