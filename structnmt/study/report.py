@@ -66,7 +66,7 @@ def collect(study: Study) -> dict[str, Any]:
 
 def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     """For each test set and recipe: scores per seed, mean ± sd, and the verdict against the baseline."""
-    from structnmt.evaluation.significance import seed_verdict
+    from structnmt.evaluation.significance import compare_seeds
 
     records = data["records"]
     tests: list[str] = []
@@ -86,14 +86,15 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
                 "chrf": {s: r["scores"][test]["chrf"] for s, r in sorted(by_seed.items())},
                 "signature": next(iter(by_seed.values()))["scores"][test].get("signature", {}),
             }
-            pairs = sorted(set(by_seed) & {s for s, r in base.items() if test in r["scores"]})
-            if recipe != study.baseline and pairs:
-                seed = pairs[0]
-                refs = _references(study, recipe, seed, test, by_seed[seed]["scores"][test])
+            base_seeds = sorted(s for s, r in base.items() if test in r["scores"])
+            if recipe != study.baseline and base_seeds:
+                seeds = sorted(by_seed)
+                refs = _references(study, recipe, seeds[0], test, by_seed[seeds[0]]["scores"][test])
                 if refs is not None:
-                    row["verdict"] = seed_verdict(
-                        {s: _hyps(study, recipe, s, test) for s in pairs},
-                        {s: _hyps(study, study.baseline, s, test) for s in pairs}, refs)
+                    result = compare_seeds([_hyps(study, recipe, s, test) for s in seeds],
+                                           [_hyps(study, study.baseline, s, test) for s in base_seeds], [refs])
+                    row["verdict"] = {"verdict": result.verdict, "rule": result.rule,
+                                      "p": {f"{seeds[s]}/{base_seeds[b]}": r.p_value for s, b, r in result.pairs}}
             rows[recipe] = row
         out[test] = rows
     return out
@@ -138,8 +139,6 @@ def _picture(study: Study, table: dict[str, dict[str, dict[str, Any]]], path: Pa
 
 def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[str, Any]]],
            picture: Path | None, out: Path) -> str:
-    from structnmt.evaluation.significance import VERDICT_RULE
-
     records = data["records"]
     all_records = [r for by_seed in records.values() for r in by_seed.values()]
     lines = [f"# Study `{study.name}`", ""]
@@ -158,7 +157,10 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
     sigs = sorted({s for rows in table.values() for row in rows.values() for s in row["signature"].values()})
     if sigs:
         lines += ["sacreBLEU signatures: " + "; ".join(f"`{s}`" for s in sigs), ""]
-    lines += ["## Scores", "", f"Verdicts against `{study.baseline}`: {VERDICT_RULE}", ""]
+    rule = next((row["verdict"]["rule"] for rows in table.values() for row in rows.values() if "verdict" in row),
+                "(no verdict: the references of the test sets are not on this machine)")
+    lines += ["## Scores", "", f"Verdicts against `{study.baseline}`: {rule} p per seed pair is given as "
+              "system seed/baseline seed: p.", ""]
     for test, rows in table.items():
         lines += [f"### {test}", "", "| recipe | BLEU (mean ± sd) | chrF (mean ± sd) | BLEU per seed | "
                   "Δ BLEU | verdict | p per seed pair |", "|---|---:|---:|---|---:|---|---|"]
@@ -168,7 +170,7 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
             delta = f"{statistics.mean(bleu) - statistics.mean(base_bleu):+.2f}" if base_bleu and \
                 recipe != study.baseline else ""
             verdict = row.get("verdict") or {}
-            pvals = ", ".join(f"s{s}: {p:.3f}" for s, p in (verdict.get("p") or {}).items())
+            pvals = ", ".join(f"{pair}: {p:.3f}" for pair, p in (verdict.get("p") or {}).items())
             label = verdict.get("verdict", "baseline" if recipe == study.baseline else "no references here")
             per_seed = ", ".join(f"s{s}: {v:.2f}" for s, v in row["bleu"].items())
             lines.append(f"| {recipe} | {_mean_sd(bleu)} | {_mean_sd(list(row['chrf'].values()))} | {per_seed} | "
