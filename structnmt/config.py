@@ -37,6 +37,9 @@ def convert(tp: Any, value: Any, where: str) -> Any:
     if origin in (typing.Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        options = [arg for arg in args if arg is not type(None)]
+        if len(options) == 1:  # ``X | None``: X's own error names the field inside (data.clean.foo)
+            return convert(options[0], value, where)
         errors = []
         for arg in args:
             if arg is type(None):
@@ -204,8 +207,9 @@ class DataConfig:
     multitask_parse: bool = False  # C&H: add linearised-parse examples to training (baselines)
 
     def validate(self, where: str) -> None:
-        _need(self.train_split in self.splits, f"split {self.train_split!r} is not in data.splits",
-              f"{where}.train_split")
+        _need(self.train_split in self.splits,
+              f"the training split is missing (data.train_split is {self.train_split!r}; "
+              f"data.splits has {sorted(self.splits)})", f"{where}.splits.{self.train_split}")
         _need(self.processes >= 1, "must be at least 1", f"{where}.processes")
 
 

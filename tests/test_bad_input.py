@@ -105,7 +105,8 @@ def failing(capsys: pytest.CaptureFixture, *argv: str) -> str:
 
 def assert_no_dataset(root: Path) -> None:
     assert not (root / "dataset").exists()
-    assert not [p.name for p in root.iterdir() if p.name.startswith(".dataset")]  # no temporary dirs
+    # no temporary directories (the emptied lock file .dataset.lock stays, as locks do)
+    assert not [p.name for p in root.iterdir() if p.name.startswith(".dataset") and p.name != ".dataset.lock"]
 
 
 @pytest.fixture(autouse=True)
@@ -357,6 +358,16 @@ BAD_CONFIGS = {
                          "model.methods[0].layers: layer 4 is outside the encoder's layers 1..1"),
     "impossible_dropout": ({"model": {"dropout": 1.5}}, "model.dropout: must be in [0, 1)"),
     "impossible_beam": ({"decoding": {"beam": 0}}, "decoding.beam: must be at least 1"),
+    # inside data: the field, not the whole section
+    "negative_vocabulary": ({"data": {"subwords": {"vocab_size": -8}}},
+                            "data.subwords.vocab_size: must be at least 16"),
+    "unknown_clean_key": ({"data": {"clean": {"foo": 1}}}, "data.clean.foo: unknown field"),
+    "misspelled_backend": ({"data": {"src": {"lang": "en", "parser": {"backend": "spcy"}}}},
+                           "data.src.parser.backend: must be one of ['spacy', 'stanza', 'udpipe', 'conllu', 'none'], "
+                           "got 'spcy'"),
+    "missing_train_split": ({"data": {"splits": {"val": {"src": "v.en", "tgt": "v.de"}}}},
+                            "data.splits.train: the training split is missing (data.train_split is 'train'; "
+                            "data.splits has ['val'])"),
 }
 
 

@@ -113,7 +113,7 @@ def test_failed_prepare_leaves_no_dataset(tmp_path: Path) -> None:
     assert info.value.path.endswith("val.conllu") and info.value.line == 29  # 5th block starts on line 29
     assert not (tmp_path / "dataset" / "meta.json").exists()
     assert not (tmp_path / "dataset" / "train").exists()
-    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".dataset")]
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".dataset") and p.name != ".dataset.lock"]
 
 
 def test_multitask_parse_examples(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import gzip
 import io
 import unicodedata
 import zlib
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,10 +99,52 @@ def _words(text: str) -> int:
     return len(text.split())
 
 
+class RatioWatch:
+    """Notices when many pairs fail the length-ratio filter, and where they start to.
+
+    A few unbalanced pairs are normal; many, bunched together, mean that source and target
+    files have slipped against each other (a line missing in one of them). Pairs are fed in
+    file order; a sliding window of the last ``window`` pairs finds the first place where most
+    of them fail. Memory is one window, however long the corpus.
+    """
+
+    def __init__(self, window: int = 100, share: float = 0.01) -> None:
+        self.window, self.share = window, share
+        self.recent: deque[tuple[int, bool]] = deque(maxlen=window)
+        self.failing = 0  # failures inside ``recent``
+        self.failed = 0
+        self.seen = 0
+        self.cluster: int | None = None  # first failing line of the first window where most fail
+
+    def add(self, line: int, failed: bool) -> None:
+        if len(self.recent) == self.window and self.recent[0][1]:
+            self.failing -= 1
+        self.recent.append((line, failed))
+        self.failing += failed
+        self.failed += failed
+        self.seen += 1
+        if self.cluster is None and self.failing * 2 > self.window:
+            self.cluster = next(n for n, bad in self.recent if bad)
+
+    def warning(self, path: str | None, max_ratio: float) -> str | None:
+        """A warning when more than ``share`` of the pairs failed, else None."""
+        if not self.seen or self.failed <= self.share * self.seen:
+            return None
+        where = (f"failures cluster from line {self.cluster} of {path} (most of the {self.window} pairs from "
+                 f"there fail)" if self.cluster is not None else
+                 f"failures are spread out (no {self.window} consecutive pairs where most fail)")
+        return (f"{self.failed} of {self.seen} pairs ({100 * self.failed / self.seen:.1f}%) fail the "
+                f"length-ratio filter (data.clean.max_ratio {max_ratio:g}): source and target may be "
+                f"misaligned; {where}")
+
+
 def clean_pairs(
-    numbered: list[tuple[int, str | None, str | None]], clean: CleanConfig
+    numbered: list[tuple[int, str | None, str | None]], clean: CleanConfig, watch: RatioWatch | None = None
 ) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
-    """Drop bad, empty, too long and too unbalanced pairs; count the drops by reason."""
+    """Drop bad, empty, too long and too unbalanced pairs; count the drops by reason.
+
+    ``watch`` sees every pair that reached the ratio test (see :class:`RatioWatch`).
+    """
     report: Counter[str] = Counter({reason: 0 for reason in DROP_REASONS})
     kept: list[tuple[int, str, str]] = []
     for number, src, tgt in numbered:
@@ -112,9 +154,14 @@ def clean_pairs(
         ns, nt = _words(src), _words(tgt)
         if ns == 0 or nt == 0:
             report["empty"] += 1
-        elif ns > clean.max_len or nt > clean.max_len:
+            continue
+        if ns > clean.max_len or nt > clean.max_len:
             report["too_long"] += 1
-        elif max(ns, nt) / min(ns, nt) > clean.max_ratio:
+            continue
+        unbalanced = max(ns, nt) / min(ns, nt) > clean.max_ratio
+        if watch is not None:
+            watch.add(number, unbalanced)
+        if unbalanced:
             report["ratio"] += 1
         else:
             kept.append((number, src, tgt))
@@ -157,6 +204,12 @@ def read_pairs(split: SplitFiles, drop_bad_lines: bool = False) -> list[tuple[in
     return [(n, s, t) for n, (s, t) in enumerate(zip(src_raw.lines, tgt_raw.lines), start=1)]
 
 
-def read_parallel(split: SplitFiles, clean: CleanConfig) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
+def read_parallel(split: SplitFiles, clean: CleanConfig,
+                  watch: RatioWatch | None = None) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
     """Read and clean one split: the kept (line number, src, tgt) and the drop counts by reason."""
-    return clean_pairs(read_pairs(split, clean.drop_bad_lines), clean)
+    return clean_pairs(read_pairs(split, clean.drop_bad_lines), clean, watch)
+
+
+def long_lines(pairs: list[tuple[int, str, str]], max_len: int) -> list[int]:
+    """Line numbers of pairs with a side over ``max_len`` words (kept in evaluation splits)."""
+    return [n for n, src, tgt in pairs if _words(src) > max_len or _words(tgt) > max_len]

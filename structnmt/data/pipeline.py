@@ -21,6 +21,7 @@ from pathlib import Path
 
 from structnmt.config import DataConfig, SideConfig, from_dict
 from structnmt.data.example import DepTree, Example, Scenes, Side
+from structnmt.data.identity import parser_identity
 from structnmt.data.parsing.base import Parser, make_parser
 from structnmt.data.parsing.cache import CachedParser
 from structnmt.data.tokenisation import MosesTokeniser, SubwordModel
@@ -83,6 +84,7 @@ class Preprocessor:
         self.moses = {side: MosesTokeniser(self.side_cfg(side).lang) for side in SIDES} if data.moses else {}
         self._parsers: dict[tuple[str, str], Parser] = {}
         self._shared: dict[str, Parser] = {}
+        self._identity: dict[str, dict | None] = {}
         for side in SIDES:
             cfg = self.side_cfg(side)
             if cfg.scenes != "none" and cfg.parser.backend == "none":
@@ -128,10 +130,17 @@ class Preprocessor:
                     self._shared[side] = make_parser(cfg, split, self.data.processes, where)  # type: ignore
                 parser = self._shared[side]
                 if self.cache_dir is not None:
-                    parser = CachedParser(parser, self.cache_dir / side, split)
+                    parser = CachedParser(parser, self.cache_dir / side, split,
+                                          (self.identity(side) or {}).get("digest"))
             assert parser is not None
             self._parsers[key] = parser
         return self._parsers[key]
+
+    def identity(self, side: str) -> dict | None:
+        """The side's parser identity (model digest included), computed once from the files."""
+        if side not in self._identity:
+            self._identity[side] = parser_identity(self.side_cfg(side).parser)
+        return self._identity[side]
 
     def parse(self, side: str, split: str, texts: list[str], lines: list[int]) -> list[DepTree] | None:
         parser = self.parser(side, split)
@@ -145,7 +154,8 @@ class Preprocessor:
         if parser is None:
             return {"backend": cfg.backend, "model": cfg.model, "convention": cfg.convention}
         return {"backend": cfg.backend, "name": parser.name, "version": parser.version,
-                "convention": parser.convention, "model": cfg.model}
+                "convention": parser.convention, "model": cfg.model,
+                "digest": (self.identity(side) or {}).get("digest")}
 
     @property
     def keeps_structure(self) -> bool:

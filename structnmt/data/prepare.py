@@ -23,13 +23,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 from structnmt.config import CleanConfig, DataConfig, ExperimentConfig
-from structnmt.data.corpus import read_parallel
+from structnmt.data.corpus import RatioWatch, long_lines, read_parallel
 from structnmt.data.dataset import DatasetWriter
 from structnmt.data.example import Example, Side
+from structnmt.data.identity import check_unchanged, fingerprint_inputs
 from structnmt.data.pipeline import PARSE_TAG, SIDES, TRANSLATE_TAG, Preprocessor, linearise, tag
 from structnmt.data.tokenisation import MosesTokeniser, SubwordModel, train_sentencepiece
 from structnmt.errors import ConfigError, DataError
-from structnmt.io import atomic_write_text
+from structnmt.io import atomic_write_text, sha256_file
+from structnmt.locks import DirectoryLock
 
 FORMAT_VERSION = 1
 
@@ -87,11 +89,17 @@ def _parse_examples(pre: Preprocessor, pairs: list[tuple[int, str, str]], split:
 def prepare(cfg: ExperimentConfig, force: bool = False, verbose: bool = True) -> Path:
     """Build the dataset of ``cfg.data``; returns its directory.
 
-    An existing dataset prepared from the same data config is kept as it is; one from a
-    different config is replaced only with ``force``.
+    An existing dataset prepared from the same data config and the same inputs (files,
+    parser models: :mod:`structnmt.data.identity`) is kept as it is; one from a different
+    config, or whose inputs changed since, is replaced only with ``force``.
     """
+    if cfg.data is None:
+        raise ConfigError("the config has no data section", "data")
     try:
-        return _prepare(cfg, force, verbose)
+        # one prepare per dataset directory at a time: a second one is refused at once, naming
+        # the holder (two would race to rename their results into place)
+        with DirectoryLock(cfg.data.dir, "prepare", messages=print if verbose else _quiet):
+            return _prepare(cfg, force, verbose)
     except ConfigError as err:
         # errors raised deep inside (the sub-word model, a parser) know the field, not the file
         if cfg.path is None or str(err).startswith(f"{cfg.path}: "):
@@ -111,11 +119,17 @@ def _prepare(cfg: ExperimentConfig, force: bool, verbose: bool) -> Path:
     if out.exists() and not (out / "meta.json").is_file() and (not out.is_dir() or any(out.iterdir())):
         # prepare replaces data.dir whole: never a directory it did not make (raw corpora, say)
         raise ConfigError(f"{out} exists and is not a structnmt dataset; choose another directory", "data.dir")
+    _remove_stale_temporaries(out, verbose)
     if (out / "meta.json").is_file() and not force:
         old = json.loads((out / "meta.json").read_text(encoding="utf-8"))
         if old.get("data") == json.loads(json.dumps(config_dict)):
+            if "inputs" in old:
+                check_unchanged(old["inputs"], data)
+            elif verbose:
+                print(f"{out}: prepared by an older structnmt that recorded no input fingerprints; "
+                      "kept as it is (use --force to rebuild and record them)")
             if verbose:
-                print(f"{out}: already prepared from this config (use --force to rebuild)")
+                print(f"{out}: already prepared from this config and these inputs (use --force to rebuild)")
             return out
         raise ConfigError(f"{out} holds a dataset prepared from a different config; "
                           "use --force to replace it", "data.dir")
@@ -130,6 +144,21 @@ def _prepare(cfg: ExperimentConfig, force: bool, verbose: bool) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
+
+
+def _quiet(_message: str) -> None:
+    pass
+
+
+def _remove_stale_temporaries(out: Path, verbose: bool) -> None:
+    """Remove what a prepare that died left beside ``out`` (we hold the lock: nobody else is writing)."""
+    if not out.parent.is_dir():
+        return
+    for path in sorted(out.parent.glob(f".{out.name}.*.tmp")) + sorted(out.parent.glob(f".{out.name}.old.*")):
+        if path.is_dir():
+            if verbose:
+                print(f"{path}: removing what an earlier prepare left behind (it did not finish)")
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _swap(tmp: Path, out: Path, cache_dir: Path) -> None:
@@ -156,8 +185,17 @@ def _build(data: DataConfig, tmp: Path, cache_dir: Path, config_dict: dict, verb
     # only the training split is filtered by length: evaluation sets stay whole, so that their
     # scores are comparable with published ones
     keep_all = CleanConfig(max_len=10**9, max_ratio=float("inf"), drop_bad_lines=data.clean.drop_bad_lines)
+    inputs = fingerprint_inputs(data)  # before reading: what we read is what we record
     for split, files in data.splits.items():
-        splits[split], reports[split] = read_parallel(files, data.clean if split == data.train_split else keep_all)
+        if split == data.train_split:
+            watch = RatioWatch()
+            splits[split], reports[split] = read_parallel(files, data.clean, watch)
+            warning = watch.warning(files.tsv or files.src, data.clean.max_ratio)
+        else:
+            splits[split], reports[split] = read_parallel(files, keep_all)
+            warning = _long_line_warning(splits[split], data.clean.max_len, files.tsv or files.src)
+        if warning and verbose:
+            print(f"{split}: warning: {warning}")
     if not splits[data.train_split]:
         files = data.splits[data.train_split]
         dropped = {k: v for k, v in reports[data.train_split].items() if k not in ("read", "kept") and v}
@@ -215,8 +253,11 @@ def _build(data: DataConfig, tmp: Path, cache_dir: Path, config_dict: dict, verb
             extra = f" (+{n_parse} parse examples)" if n_parse else ""
             print(f"{split}: kept {len(pairs)} of {reports[split]['read']} pairs{extra}; "
                   f"dropped {dropped or 'none'}")
+    models = sorted({info["file"] for info in sub_info.values()})
     return {
         "format_version": FORMAT_VERSION,
+        "inputs": {"files": inputs, "parsers": {side: pre.identity(side) for side in SIDES},
+                   "subwords": {name: sha256_file(tmp / name) for name in models}},
         "langs": {"src": data.src.lang, "tgt": data.tgt.lang},
         "moses": data.moses,
         "subwords": sub_info,
@@ -232,6 +273,17 @@ def _build(data: DataConfig, tmp: Path, cache_dir: Path, config_dict: dict, verb
         "data": config_dict,
         "seconds": {k: round(v, 2) for k, v in seconds.items()},
     }
+
+
+def _long_line_warning(pairs: list[tuple[int, str, str]], max_len: int, path: str | None) -> str | None:
+    """Evaluation splits keep every line; say which are longer than training allowed."""
+    lines = long_lines(pairs, max_len)
+    if not lines:
+        return None
+    shown = ", ".join(map(str, lines[:10])) + (f" and {len(lines) - 10} more" if len(lines) > 10 else "")
+    return (f"{len(lines)} pairs longer than data.clean.max_len ({max_len} words) are kept (evaluation splits "
+            f"are never filtered): lines {shown} of {path}; the model's own limit (model.max_positions sub-words) "
+            "is not known here and is checked when translating")
 
 
 #: how many dropped sentences ``prepare`` names one by one before it only counts

@@ -3,6 +3,10 @@
 Entries are keyed by (parser name, parser version, sha256 of the sentence): a new model
 version or an edited sentence is parsed afresh. Each split has one JSON-lines file in
 the cache directory, rewritten atomically after parsing with the entries that split uses.
+Its first line records which parser made it (name, version and the digest of its model,
+:func:`structnmt.data.identity.parser_identity`): a cache made by another parser, or one
+that does not say, is never reused (it is rebuilt, with a message), so a retrained model
+of the same name and version cannot hand back the old model's trees.
 """
 
 from __future__ import annotations
@@ -32,8 +36,11 @@ def _tree_from_json(data: dict) -> DepTree:
 class CachedParser:
     """Wraps a parser; behaves like one, but parses only sentences it has not seen."""
 
-    def __init__(self, parser: Parser, cache_dir: str | Path, split: str) -> None:
+    def __init__(self, parser: Parser, cache_dir: str | Path, split: str, model_digest: str | None = None,
+                 messages=print) -> None:
         self.parser = parser
+        self.identity = {"name": parser.name, "version": parser.version, "digest": model_digest}
+        self.messages = messages
         self.name = parser.name
         self.version = parser.version
         self.convention: Convention = parser.convention
@@ -47,6 +54,14 @@ class CachedParser:
         if not self.path.is_file():
             return entries
         with open(self.path, encoding="utf-8") as handle:
+            try:
+                made_by = json.loads(handle.readline()).get("parser")
+            except (ValueError, AttributeError):
+                made_by = None
+            if made_by != self.identity:
+                self.messages(f"{self.path}: made by {_describe(made_by)}, not by {_describe(self.identity)}; "
+                              "not reused (parsing afresh)")
+                return entries
             for line in handle:
                 try:
                     record = json.loads(line)
@@ -69,7 +84,16 @@ class CachedParser:
                 entries[keys[k]] = tree
             used = dict.fromkeys(keys)
             with atomic_open(self.path) as handle:
+                handle.write(json.dumps({"parser": self.identity}) + "\n")
                 for key in used:
                     handle.write(json.dumps({"key": list(key), "tree": asdict(entries[key])},
                                             ensure_ascii=False) + "\n")
         return [entries[key] for key in keys]
+
+
+def _describe(identity: dict | None) -> str:
+    if not identity:
+        return "an unknown parser"
+    digest = identity.get("digest")
+    model = f"model {digest[:12]}…" if digest else "model digest unknown"
+    return f"{identity.get('name')} {identity.get('version')} ({model})"
