@@ -31,6 +31,8 @@ __all__ = [
 ]
 
 _loaded = False
+#: modules of this package that hold no method (the interface, the helpers methods share)
+_NOT_METHODS = {"base", "shared"}
 
 
 def _discover() -> None:
@@ -38,7 +40,7 @@ def _discover() -> None:
     if _loaded:
         return
     for info in pkgutil.iter_modules(__path__):
-        if info.name != "base" and not info.name.startswith("_"):
+        if info.name not in _NOT_METHODS and not info.name.startswith("_"):
             importlib.import_module(f"{__name__}.{info.name}")
     _loaded = True
 

@@ -44,7 +44,7 @@ from structnmt.model.methods.base import (
     Site,
     register,
 )
-from structnmt.model.methods.pascal import check_site
+from structnmt.model.methods.shared import check_site
 
 Variant = Literal["global", "deep", "deep_global"]
 

@@ -30,7 +30,7 @@ from structnmt.model.methods.base import (
     Site,
     register,
 )
-from structnmt.model.methods.pascal import check_range, check_site, head_mask, normal_density, valid_pairs
+from structnmt.model.methods.shared import check_range, check_site, head_mask, normal_density, valid_pairs
 
 
 @dataclass

@@ -40,7 +40,7 @@ from structnmt.model.methods.base import (
     Site,
     register,
 )
-from structnmt.model.methods.pascal import check_site, head_mask
+from structnmt.model.methods.shared import check_site, head_mask
 
 #: lowest value of the Gaussian bias (finite in every precision, far below any real score)
 MIN_BIAS = -1.0e4

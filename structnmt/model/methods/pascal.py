@@ -9,22 +9,16 @@ so that, after the softmax, the head looks mostly at the parent and its neighbou
 still letting a very high score elsewhere through (the density is never 0). *Parent
 ignoring* regularises against parser noise: in training, each row of each PASCAL head is
 left unscaled with probability ``q``.
-
-This module also holds the three small helpers that all the parameter-free source-side
-methods (Deps-SAN, UDISCAL, SASA, SACrA) share: the normal density, the head mask and
-the mask of cells between two real sub-words.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
-from structnmt.errors import ConfigError
 from structnmt.model.methods.base import (
     AttentionContext,
     AttentionPlugin,
@@ -33,53 +27,7 @@ from structnmt.model.methods.base import (
     Site,
     register,
 )
-
-# ---------------------------------------------------------------------------
-# helpers shared by the parameter-free source-side methods
-
-
-def normal_density(x: Tensor, variance: float) -> Tensor:
-    """N(x; σ²) = exp(−x²/2σ²)/√(2πσ²), the weighting function of PASCAL, Deps-SAN and UDISCAL."""
-    return torch.exp(-x.square() / (2.0 * variance)) / math.sqrt(2.0 * math.pi * variance)
-
-
-def head_mask(heads: list[int], n_heads: int, device: torch.device) -> Tensor:
-    """(1, H, 1, 1) bool, True for the heads a plug-in owns: the ``torch.where`` selector.
-
-    Built once per (heads, device) and kept: making it anew would copy a host tensor to the
-    GPU, and wait for it, in every attention call."""
-    return _head_mask(tuple(heads), n_heads, torch.device(device))
-
-
-@functools.lru_cache(maxsize=256)
-def _head_mask(heads: tuple[int, ...], n_heads: int, device: torch.device) -> Tensor:
-    mask = torch.zeros(n_heads, dtype=torch.bool)
-    mask[list(heads)] = True
-    return mask.view(1, n_heads, 1, 1).to(device)
-
-
-def valid_pairs(valid: Tensor) -> Tensor:
-    """(B, 1, I, J) bool, True where both query and key are real sub-words.
-
-    Cells that involve EOS, BOS or padding are never changed by a method; this is the mask
-    that keeps them out.
-    """
-    return (valid[:, :, None] & valid[:, None, :])[:, None]
-
-
-def check_site(p: MethodParams, stack: str, attention: str, where: str) -> None:
-    """The source-side methods read source structure: refuse a site whose rows are not source tokens."""
-    if p.stack != stack:
-        raise ConfigError(f"{p.name} works on the {stack} only", f"{where}.stack")
-    if p.attention != attention:
-        raise ConfigError(f"{p.name} works on {attention}-attention only", f"{where}.attention")
-
-
-def check_range(value: float, low: float, high: float, where: str, low_open: bool = False) -> None:
-    ok = (low < value if low_open else low <= value) and value <= high
-    if not ok:
-        raise ConfigError(f"must be in {'(' if low_open else '['}{low}, {high}], got {value}", where)
-
+from structnmt.model.methods.shared import check_range, check_site, head_mask, normal_density
 
 # ---------------------------------------------------------------------------
 # PASCAL

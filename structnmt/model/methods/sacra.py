@@ -37,7 +37,7 @@ from structnmt.model.methods.base import (
     Site,
     register,
 )
-from structnmt.model.methods.pascal import check_site, head_mask
+from structnmt.model.methods.shared import check_site, head_mask
 
 
 @dataclass

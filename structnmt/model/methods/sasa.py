@@ -35,7 +35,7 @@ from structnmt.model.methods.base import (
     Site,
     register,
 )
-from structnmt.model.methods.pascal import check_site, head_mask, valid_pairs
+from structnmt.model.methods.shared import check_site, head_mask, valid_pairs
 
 #: the best ``c`` the paper found for each graded mask
 DEFAULT_C = {"scaled": 0.1, "normal": math.sqrt(0.5)}

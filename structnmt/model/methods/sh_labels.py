@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from structnmt.errors import ConfigError, DataError
 from structnmt.model.methods.base import Method, MethodParams, register
-from structnmt.model.methods.pascal import check_site
+from structnmt.model.methods.shared import check_site
 
 
 @dataclass

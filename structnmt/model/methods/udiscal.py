@@ -23,7 +23,7 @@ from structnmt.model.methods.base import (
     Site,
     register,
 )
-from structnmt.model.methods.pascal import check_range, check_site, head_mask, normal_density
+from structnmt.model.methods.shared import check_range, check_site, head_mask, normal_density
 
 
 @dataclass
