@@ -367,37 +367,47 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ex
     A config may extend another with ``base: other.yaml``; ``overrides`` are dotted keys
     (``training.max_steps``) set after loading. Relative paths inside are taken from the
     directory the command runs in (the recipes assume the project's root).
+
+    This checks every field of the sections defined here. The entries of ``model.methods``
+    are checked by the method registry, which knows them
+    (:func:`structnmt.model.methods.validate_method_configs`); :func:`structnmt.load_config`
+    does both.
     """
     path = Path(path)
     raw = _read_yaml(path)
     raw.pop("path", None)
     for key, value in (overrides or {}).items():
-        _set_dotted(raw, key, value)
+        set_dotted(raw, key, value)
     try:
         cfg = from_dict(ExperimentConfig, raw)
     except ConfigError as err:
         raise ConfigError(str(err), path=path) from None
     cfg.path = str(path)
-    from structnmt.model.methods import validate_method_configs
-
-    try:
-        validate_method_configs(cfg.model)
-    except ConfigError as err:
-        raise ConfigError(str(err), path=path) from None
     return cfg
 
 
 def config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
-    cfg = from_dict(ExperimentConfig, dict(raw))
-    from structnmt.model.methods import validate_method_configs
-
-    validate_method_configs(cfg.model)
-    return cfg
+    """An :class:`ExperimentConfig` from a mapping of sections (fields checked as in :func:`load_config`)."""
+    return from_dict(ExperimentConfig, dict(raw))
 
 
-def _set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
+    """``raw["a"]["b"]["c"] = value`` for ``key = "a.b.c"``, making missing sections."""
     parts = key.split(".")
     node = raw
     for part in parts[:-1]:
         node = node.setdefault(part, {})
     node[parts[-1]] = value
+
+
+def parse_overrides(items: list[str], where: str = "--set") -> dict[str, Any]:
+    """``["training.lr=1e-3", ...]`` (the command line's ``--set``) -> ``{"training.lr": 0.001}``.
+
+    Values are read as YAML, so numbers, booleans and lists get their types."""
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"expected KEY=VALUE, got {item!r}", where)
+        out[key] = yaml.safe_load(value)
+    return out

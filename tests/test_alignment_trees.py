@@ -13,7 +13,9 @@ from structnmt.evaluation.alignment import (
     alignments_from_attention,
     corpus_aer,
     grow_diag_final,
+    read_alignments,
     read_pharaoh,
+    read_talp,
     symmetrised_alignments,
     word_level_attention,
 )
@@ -98,6 +100,50 @@ def test_read_pharaoh(tmp_path):
     with pytest.raises(DataError, match="bad alignment link") as err:
         read_pharaoh(path)
     assert err.value.line == 2
+
+
+def test_read_talp_counts_from_one_and_marks_possible_links_with_p(tmp_path):
+    path = tmp_path / "gold.talp"
+    path.write_text("1-1 2p3 3-2\n4-4\n", encoding="utf-8")
+    (sure, possible), second = read_talp(path)
+    assert sure == {(0, 0), (2, 1)}
+    assert possible == {(0, 0), (1, 2), (2, 1)}
+    assert second == ({(3, 3)}, {(3, 3)})
+    # the same links written the Pharaoh way read the same
+    pharaoh = tmp_path / "gold.align"
+    pharaoh.write_text("0-0 1?2 2-1\n3-3\n", encoding="utf-8")
+    assert read_pharaoh(pharaoh) == read_talp(path)
+
+
+def test_gold_format_is_recognised_or_refused(tmp_path):
+    path = tmp_path / "gold"
+    n_words = [(3, 3), (4, 4)]
+    path.write_text("1-1 2p3\n4-4\n", encoding="utf-8")  # written ipj: talp
+    assert read_alignments(path, "auto", n_words)[1] == ({(3, 3)}, {(3, 3)})
+    path.write_text("0-0 1-2\n3-3\n", encoding="utf-8")  # a word 0: Pharaoh
+    assert read_alignments(path, "auto", n_words)[1] == ({(3, 3)}, {(3, 3)})
+    path.write_text("1-1 3-2\n4-4\n", encoding="utf-8")  # word 3 of a 3-word sentence: talp
+    assert read_alignments(path, "auto", n_words)[0][0] == {(0, 0), (2, 1)}
+    path.write_text("1-1 2-2\n1-3\n", encoding="utf-8")  # could be either
+    with pytest.raises(DataError, match="--gold-format pharaoh or talp"):
+        read_alignments(path, "auto", n_words)
+    assert read_alignments(path, "talp", n_words)[1] == ({(0, 2)}, {(0, 2)})
+
+
+def test_a_gold_link_outside_its_sentence_is_named(tmp_path):
+    path = tmp_path / "gold.talp"
+    path.write_text("1-1\n1-5\n", encoding="utf-8")
+    with pytest.raises(DataError) as err:
+        read_alignments(path, "talp", [(3, 3), (4, 4)])
+    assert err.value.line == 2
+    assert "link '1-5' is outside the sentence of 4 source and 4 target words (talp links count words from 1)" \
+        in str(err.value)
+    path.write_text("0-1\n", encoding="utf-8")  # talp has no word 0
+    with pytest.raises(DataError, match="link '0-1' is outside the sentence"):
+        read_talp(path)
+    path.write_text("2-0\n", encoding="utf-8")
+    with pytest.raises(DataError, match=r"link '2-0' is outside the sentence of 2 source"):
+        read_alignments(path, "pharaoh", [(2, 5)])
 
 
 # ---------------------------------------------------------------- dependency trees

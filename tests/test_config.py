@@ -6,6 +6,7 @@ import pytest
 
 from structnmt.config import config_from_dict, load_config
 from structnmt.errors import ConfigError
+from structnmt.model.methods import validate_method_configs
 
 
 def test_unknown_field_is_named(tmp_path):
@@ -46,6 +47,22 @@ def test_invalid_yaml_and_missing_file(tmp_path):
         load_config(bad)
 
 
-def test_unknown_method_and_layer_out_of_range():
-    with pytest.raises(ConfigError, match=r"model\.methods\[0\]\.name: unknown method 'nosuch'"):
-        config_from_dict({"model": {"methods": [{"name": "nosuch"}]}})
+def test_the_registry_checks_method_entries(tmp_path):
+    # config.py checks the sections it defines; the method registry checks its own entries
+    cfg = config_from_dict({"model": {"methods": [{"name": "nosuch"}]}})
+    with pytest.raises(ConfigError, match=r"^model\.methods\[0\]\.name: unknown method 'nosuch'"):
+        validate_method_configs(cfg.model)
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  enc_layers: 1\n  methods: [{name: pascal, layers: [2]}]\n")
+    with pytest.raises(ConfigError, match=r"c\.yaml: model\.methods\[0\]\.layers: layer 2 is outside"):
+        validate_method_configs(load_config(path).model, str(path))
+
+
+def test_config_module_does_not_import_the_model():
+    import subprocess
+    import sys
+
+    code = ("import sys, structnmt.config; "
+            "print(any(m.startswith(('structnmt.model', 'torch')) for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"

@@ -172,34 +172,104 @@ def corpus_aer(
     return aer(tag(sure), tag(possible), tag(predicted))
 
 
-def read_pharaoh(path: str | Path) -> list[tuple[set[Link], set[Link]]]:
+#: how a gold alignment file numbers its words: ``pharaoh`` (0-based; ``i-j`` sure, ``i?j`` or
+#: ``i-j-P`` possible), ``talp`` (1-based; ``i-j`` sure, ``ipj`` possible: the format the standard
+#: word-alignment test sets are distributed in), or ``auto`` (recognised from the file)
+GoldFormat = Literal["auto", "pharaoh", "talp"]
+
+#: one link as read: (source index, target index, sure?, the token as written)
+_RawLink = tuple[int, int, bool, str]
+
+
+def _parse_link(token: str, fmt: str) -> tuple[int, int, bool] | None:
+    """``(i, j, sure)`` as written (not yet 0-based), or None if ``token`` is not a link of ``fmt``."""
+    sure = True
+    if fmt == "talp":
+        if "p" in token:
+            parts, sure = token.split("p"), False
+        else:
+            parts = token.split("-")
+    elif "?" in token:
+        parts, sure = token.split("?"), False
+    else:
+        parts = token.split("-")
+        if len(parts) == 3 and parts[2] in ("S", "P"):
+            sure = parts.pop() == "S"
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1]), sure
+
+
+def _recognise(path: str | Path, lines: list[list[str]], n_words: Sequence[tuple[int, int]] | None) -> str:
+    """``pharaoh`` or ``talp``, from the notation or the numbering; an error when the file cannot tell."""
+    tokens = [t for line in lines for t in line]
+    if any("p" in t for t in tokens):
+        return "talp"
+    if any("?" in t or t.endswith(("-S", "-P")) for t in tokens):
+        return "pharaoh"
+    links = [[_parse_link(t, "pharaoh") for t in line] for line in lines]
+    if any(link is not None and 0 in link[:2] for line in links for link in line):
+        return "pharaoh"  # a word 0 exists only in 0-based numbering
+    if n_words is not None:  # a word numbered as long as its sentence exists only in 1-based numbering
+        for line, (n_src, n_tgt) in zip(links, n_words):
+            if any(link is not None and (link[0] == n_src or link[1] == n_tgt) for link in line):
+                return "talp"
+    if not tokens:
+        return "pharaoh"
+    raise DataError("cannot tell whether the links count words from 0 (Pharaoh) or from 1 (talp): no link "
+                    "names word 0, none names a sentence's last word + 1 and none is written ipj; say which "
+                    "(--gold-format pharaoh or talp)", path)
+
+
+def read_alignments(path: str | Path, fmt: GoldFormat = "auto",
+                    n_words: Sequence[tuple[int, int]] | None = None) -> list[tuple[set[Link], set[Link]]]:
     """Read a gold alignment file: one line per sentence, whitespace-separated links.
 
-    ``i-j`` is a sure link and ``i?j`` a possible one; the ``i-j-S`` / ``i-j-P`` suffix style
-    of some gold sets is accepted too. Indices are 0-based (source-target). Returns
-    ``(sure, possible)`` per line, ``possible`` including the sure links.
+    ``fmt`` says how it is written (:data:`GoldFormat`); ``auto`` recognises it from the
+    notation (``ipj`` is talp; ``i?j``, ``i-j-S`` and ``i-j-P`` are Pharaoh) or from the
+    numbering (a word 0 is Pharaoh's; a word numbered as long as its sentence is talp's).
+    With ``n_words`` (source and target word counts per line) every link must lie inside
+    its sentence. Returns ``(sure, possible)`` per line with 0-based ``(source, target)``
+    links, ``possible`` including the sure links.
     """
+    lines = [line.split() for line in read_text(path)]
+    if fmt == "auto":
+        fmt = _recognise(path, lines, n_words)  # type: ignore[assignment]
+    base = 1 if fmt == "talp" else 0
+    expected = "i-j or ipj, counted from 1" if fmt == "talp" else "i-j, i?j, i-j-S or i-j-P, counted from 0"
     result = []
-    for number, line in enumerate(read_text(path), start=1):
+    for number, tokens in enumerate(lines, start=1):
         sure: set[Link] = set()
         possible: set[Link] = set()
-        for token in line.split():
-            kind = "S"
-            if "?" in token:
-                parts, kind = token.split("?"), "P"
-            else:
-                parts = token.split("-")
-                if len(parts) == 3 and parts[2] in ("S", "P"):
-                    kind = parts.pop()
-            if len(parts) != 2 or not all(p.isdigit() for p in parts):
-                raise DataError(f"bad alignment link {token!r} (expected i-j, i?j, i-j-S or i-j-P)",
-                                path, number)
-            link = (int(parts[0]), int(parts[1]))
-            possible.add(link)
-            if kind == "S":
-                sure.add(link)
+        for token in tokens:
+            parsed = _parse_link(token, fmt)
+            if parsed is None:
+                raise DataError(f"bad alignment link {token!r} (expected {expected})", path, number)
+            i, j, is_sure = parsed[0] - base, parsed[1] - base, parsed[2]
+            outside = i < 0 or j < 0
+            if n_words is not None and number <= len(n_words):
+                n_src, n_tgt = n_words[number - 1]
+                outside = outside or i >= n_src or j >= n_tgt
+            if outside:
+                size = f" of {n_words[number - 1][0]} source and {n_words[number - 1][1]} target words" \
+                    if n_words is not None and number <= len(n_words) else ""
+                raise DataError(f"link {token!r} is outside the sentence{size} ({fmt} links count words "
+                                f"from {base})", path, number)
+            possible.add((i, j))
+            if is_sure:
+                sure.add((i, j))
         result.append((sure, possible))
     return result
+
+
+def read_pharaoh(path: str | Path) -> list[tuple[set[Link], set[Link]]]:
+    """Read a Pharaoh alignment file (0-based; ``i-j`` sure, ``i?j`` possible, ``i-j-S`` / ``i-j-P``)."""
+    return read_alignments(path, "pharaoh")
+
+
+def read_talp(path: str | Path) -> list[tuple[set[Link], set[Link]]]:
+    """Read a talp alignment file (1-based; ``i-j`` sure, ``ipj`` possible) into 0-based links."""
+    return read_alignments(path, "talp")
 
 
 def write_pharaoh(alignments: Iterable[set[Link]]) -> str:

@@ -24,7 +24,7 @@ from structnmt.data.batching import collate
 from structnmt.data.dataset import ParallelDataset
 from structnmt.decoding.translate import length_batches
 from structnmt.errors import DataError
-from structnmt.evaluation.alignment import corpus_aer, read_pharaoh, write_pharaoh
+from structnmt.evaluation.alignment import GoldFormat, corpus_aer, read_alignments, write_pharaoh
 from structnmt.evaluation.inspect import cross_attention_alignments, dbsa_trees, lpsi_trees, resolve_boundary
 from structnmt.evaluation.scores import read_text
 from structnmt.evaluation.trees import (
@@ -38,14 +38,19 @@ from structnmt.io import atomic_write_text
 from structnmt.model.transformer import Transformer
 
 
-def _batches(model: Transformer, data: ParallelDataset, sides: tuple[str, ...], max_tokens: int) -> Iterator[Batch]:
-    fields = model.structure_needs(inference=False)
-    for side in ("src", "tgt"):
-        fields[side] = {f for f in fields[side] if data.has(side, f)}
+def _require_words(data: ParallelDataset, sides: tuple[str, ...]) -> None:
     for side in sides:
         if not data.has(side, "word_index"):
             raise DataError(f"the split has no {side} word structure (prepare it with a parser on the {side} side)",
                             data.path)
+
+
+def _batches(model: Transformer, data: ParallelDataset, sides: tuple[str, ...], max_tokens: int) -> Iterator[Batch]:
+    fields = model.structure_needs(inference=False)
+    for side in ("src", "tgt"):
+        fields[side] = {f for f in fields[side] if data.has(side, f)}
+    _require_words(data, sides)
+    for side in sides:
         fields[side].add("word_index")
     for indices in length_batches(np.maximum(data.src_lengths, data.tgt_lengths), max_tokens):
         yield collate(data, np.sort(indices), fields)
@@ -93,8 +98,11 @@ def _read_gold(gold: str | None, n: int, what: str, missing: str, read) -> list:
 
 def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir: Path, side: str = "src",
                   layer: int | None = None, gold: str | None = None, max_tokens: int = 4000,
-                  boundary: str = "auto") -> dict:
-    """Read structure out of ``model`` on ``data``, write it to ``out_dir`` and return the scores."""
+                  boundary: str = "auto", gold_format: GoldFormat = "auto") -> dict:
+    """Read structure out of ``model`` on ``data``, write it to ``out_dir`` and return the scores.
+
+    ``gold_format`` says how the gold alignments of ``align`` are written (Pharaoh, 0-based;
+    talp, 1-based; or recognised); a gold link outside its sentence is an error."""
     n = len(data)
     name = data.split
     if what == "trees":
@@ -123,16 +131,18 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
                   "boundary": resolve_boundary(boundary, side),
                   "sentences": n}
     elif what == "align":
-        gold_links = _read_gold(gold, n, "gold alignments", "alignments are scored against gold links: "
-                                "give --gold FILE (Pharaoh i-j / i?j)", read_pharaoh)
-        found = cross_attention_alignments(model, _batches(model, data, ("src", "tgt"), max_tokens), layer=layer)
-        sure = [s for s, _ in gold_links]
-        possible = [p for _, p in gold_links]
-        atomic_write_text(out_dir / f"{name}.align", write_pharaoh([a.symmetrised for a in found]))
+        _require_words(data, ("src", "tgt"))
         n_words = []
         for i in range(n):
             src, tgt = data.side_arrays(i, "src")["word_index"], data.side_arrays(i, "tgt")["word_index"]
             n_words.append((int(src.max()) + 1 if len(src) else 0, int(tgt.max()) + 1 if len(tgt) else 0))
+        gold_links = _read_gold(gold, n, "gold alignments", "alignments are scored against gold links: "
+                                "give --gold FILE (Pharaoh i-j / i?j, or talp i-j / ipj)",
+                                lambda path: read_alignments(path, gold_format, n_words))
+        found = cross_attention_alignments(model, _batches(model, data, ("src", "tgt"), max_tokens), layer=layer)
+        sure = [s for s, _ in gold_links]
+        possible = [p for _, p in gold_links]
+        atomic_write_text(out_dir / f"{name}.align", write_pharaoh([a.symmetrised for a in found]))
         diagonal = [_diagonal(s, t) for s, t in n_words]
         scores = {
             "tgt2src": corpus_aer(sure, possible, [a.tgt2src for a in found]),

@@ -76,8 +76,16 @@ def build_methods(model_cfg: Any) -> list[Method]:
     return [_parse(e, model_cfg, f"model.methods[{i}]") for i, e in enumerate(model_cfg.methods)]
 
 
-def validate_method_configs(model_cfg: Any) -> None:
-    build_methods(model_cfg)
+def validate_method_configs(model_cfg: Any, path: str | None = None) -> None:
+    """Check every ``model.methods`` entry: a known name, valid parameters, layers and heads
+    inside the model. The registry checks its own entries (``config.py`` checks the rest);
+    errors name the entry's field, after the config file ``path`` when given."""
+    try:
+        build_methods(model_cfg)
+    except ConfigError as err:
+        if path is None:
+            raise
+        raise ConfigError(str(err), path=path) from None
 
 
 def structure_needs(methods: list[Method], inference: bool = False) -> dict[str, set[str]]:
