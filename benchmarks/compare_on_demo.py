@@ -27,12 +27,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command_line, machine, markdown_table, write_report  # noqa: E402
 
-from structnmt.cli.main import evaluate_run  # noqa: E402
 from structnmt.config import config_from_dict  # noqa: E402
 from structnmt.data.dataset import ParallelDataset  # noqa: E402
 from structnmt.data.prepare import prepare  # noqa: E402
 from structnmt.data.synthetic import demo_config, write_task  # noqa: E402
 from structnmt.evaluation.inspect_run import inspect_split  # noqa: E402
+from structnmt.evaluation.run_eval import evaluate_run  # noqa: E402
 from structnmt.training.checkpoint import load_model  # noqa: E402
 from structnmt.training.trainer import train  # noqa: E402
 

@@ -391,6 +391,22 @@ def config_from_dict(raw: dict[str, Any]) -> ExperimentConfig:
     return from_dict(ExperimentConfig, dict(raw))
 
 
+def with_overrides(cfg: ExperimentConfig, overrides: dict[str, Any] | None) -> ExperimentConfig:
+    """``cfg`` with dotted keys (``{"training.lr": 1e-3}``) set, checked again; ``cfg`` is left as it is."""
+    if not overrides:
+        return cfg
+    raw = to_dict(cfg)
+    path = raw.pop("path", None)
+    for key, value in overrides.items():
+        set_dotted(raw, key, value)
+    try:
+        new = config_from_dict(raw)
+    except ConfigError as err:
+        raise ConfigError(str(err), path=path) from None
+    new.path = path
+    return new
+
+
 def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     """``raw["a"]["b"]["c"] = value`` for ``key = "a.b.c"``, making missing sections."""
     parts = key.split(".")

@@ -14,10 +14,10 @@ import pytest
 import torch
 import yaml
 
-from structnmt.cli.main import evaluate_run
 from structnmt.config import _read_yaml, config_from_dict
 from structnmt.data.prepare import prepare
 from structnmt.data.synthetic import demo_config, write_task
+from structnmt.evaluation.run_eval import evaluate_run
 from structnmt.training.trainer import train
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from structnmt.data.batch import Batch
-from structnmt.errors import DataError
+from structnmt.errors import ConfigError, DataError
 from structnmt.evaluation.alignment import (
     Link,
     alignments_from_attention,
@@ -105,7 +105,10 @@ def dbsa_trees(model: Transformer, batches: Iterable[Batch], side: Literal["src"
     """
     layers = _sites(model, ("dbsa", "sisa", "syncattn"), side)
     if not layers:
-        raise ValueError(f"the model has no DBSA/SISA/SyncAttn head on the {side} side")
+        raise ConfigError(f"the model has no DBSA/SISA/SyncAttn head on the {side} side to read trees from")
+    if layer is not None and layer not in layers:
+        raise ConfigError(f"the model has no supervised heads in {STACKS[side]} layer {layer + 1} (only in "
+                          f"{', '.join(str(k + 1) for k in layers)})", "layer")
     key = (STACKS[side], layers[0] if layer is None else layer, "self", "dbsa")
     out: list[tuple[int | None, object]] = []
     for batch, records in _run(model, batches, {key}):
@@ -161,7 +164,10 @@ def lpsi_trees(model: Transformer, batches: Iterable[Batch], side: Literal["src"
     boundary = resolve_boundary(boundary, side)
     layers = _sites(model, ("lpsi",), side)
     if not layers:
-        raise ValueError(f"the model has no LPSI layer on the {side} side")
+        raise ConfigError(f"the model has no LPSI layer on the {side} side to read phrase trees from")
+    if layer is not None and layer not in layers:
+        raise ConfigError(f"the model has no LPSI gates in {STACKS[side]} layer {layer + 1} (only in "
+                          f"{', '.join(str(k + 1) for k in layers)})", "layer")
     key = (STACKS[side], layers[0] if layer is None else layer, "self", "distance")
     out: list[tuple[int | None, object]] = []
     for batch, records in _run(model, batches, {key}):

@@ -23,7 +23,7 @@ from structnmt.data.batch import Batch
 from structnmt.data.batching import collate
 from structnmt.data.dataset import ParallelDataset
 from structnmt.decoding.translate import length_batches
-from structnmt.errors import DataError
+from structnmt.errors import ConfigError, DataError
 from structnmt.evaluation.alignment import GoldFormat, corpus_aer, read_alignments, write_pharaoh
 from structnmt.evaluation.inspect import cross_attention_alignments, dbsa_trees, lpsi_trees, resolve_boundary
 from structnmt.evaluation.scores import read_text
@@ -155,3 +155,28 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
         raise ValueError(f"unknown analysis {what!r}")
     atomic_write_text(out_dir / f"{name}.{what}.json", json.dumps(scores, indent=2) + "\n")
     return scores
+
+
+def inspect_run(run: str | Path, what: str, checkpoint: str | Path | None = None, split: str = "test",
+                side: str = "src", layer: int | None = None, gold: str | Path | None = None,
+                gold_format: GoldFormat = "auto", boundary: str = "auto", dataset: str | Path | None = None,
+                out: str | Path | None = None, device: str | None = "cpu") -> dict:
+    """:func:`inspect_split` on a run's checkpoint (``best.pt``, else ``last.pt``); ``layer`` is
+    1-based here (default: the method's first layer, the penultimate decoder layer for
+    ``align``); results go to ``out`` (default ``RUN/inspect``)."""
+    from structnmt.decoding.translator import load_translator
+    from structnmt.evaluation.run_eval import run_checkpoint
+
+    if what not in ("trees", "phrases", "align"):
+        raise ConfigError(f"unknown analysis {what!r} (trees, phrases or align)", "what")
+    run = Path(run)
+    translator = load_translator(run_checkpoint(run, checkpoint), device, dataset)
+    model = translator.model
+    stack = "decoder" if what == "align" or side == "tgt" else "encoder"
+    depth = model.cfg.dec_layers if stack == "decoder" else model.cfg.enc_layers
+    if layer is not None and not 1 <= layer <= depth:
+        raise ConfigError(f"layer {layer} is outside the {stack}'s layers 1..{depth}", "layer")
+    data = ParallelDataset(translator.dataset_dir, split)
+    return inspect_split(model, data, what, Path(out) if out is not None else run / "inspect", side=side,
+                         layer=None if layer is None else layer - 1, gold=None if gold is None else str(gold),
+                         boundary=boundary, gold_format=gold_format)

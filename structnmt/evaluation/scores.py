@@ -47,33 +47,59 @@ def read_text(path: str | Path) -> list[str]:
     return lines
 
 
-def check_parallel(
-    hyp_path: str | Path, ref_paths: Sequence[str | Path], allow_empty: bool = False
-) -> tuple[list[str], list[list[str]]]:
-    """Read a hypothesis file and its reference file(s), checking they line up.
+#: text given as a file (``str`` or ``Path``) or as its sentences
+Text = str | Path | Sequence[str]
 
-    An empty hypothesis line is legal MT output, but in practice it nearly always means a
-    decoding failure or a shifted file, which inflates or deflates BLEU without any visible
-    sign; so it is an error unless ``allow_empty=True``. Returns ``(hyps, refs)`` with ``refs``
-    in sacreBLEU's layout (one list per reference file).
+
+def _read(text: Text, name: str) -> tuple[list[str], str | Path]:
+    """(lines, what to call them in errors)."""
+    if isinstance(text, (str, Path)):
+        return read_text(text), text
+    if not all(isinstance(line, str) for line in text):
+        raise TypeError(f"{name} must be a file or a list of sentences (str)")
+    return list(text), name
+
+
+def read_parallel(
+    hypotheses: Text, references: Text | Sequence[Path | Sequence[str]], allow_empty: bool = False
+) -> tuple[list[str], list[list[str]]]:
+    """Hypotheses and their references, checked to line up, in sacreBLEU's layout.
+
+    Each is a file (``str`` or ``Path``) or a list of sentences. Several references are a
+    list of files as ``Path`` objects, or a list of sentence lists (a list of ``str`` is always
+    one reference's sentences). An empty hypothesis line is legal MT output, but in practice it
+    nearly always means a decoding failure or a shifted file, which inflates or deflates BLEU
+    without any visible sign; so it is an error unless ``allow_empty=True``.
     """
-    if not ref_paths:
-        raise DataError("no reference file given", hyp_path)
-    hyps = read_text(hyp_path)
+    hyps, _ = _read(hypotheses, "hypotheses")
+    where = hypotheses if isinstance(hypotheses, (str, Path)) else None  # errors name the file, if any
+    if isinstance(references, (str, Path)) or (len(references) and all(isinstance(r, str) for r in references)):
+        streams = [references]
+    else:
+        streams = list(references)
+    if not streams:
+        raise DataError("no reference given", where)
     refs = []
-    for ref_path in ref_paths:
-        ref = read_text(ref_path)
+    for k, stream in enumerate(streams, start=1):
+        ref, name = _read(stream, str(k))  # type: ignore[arg-type]
         if len(ref) != len(hyps):
-            raise DataError(
-                f"{len(hyps)} hypothesis lines but {len(ref)} lines in reference {ref_path}", hyp_path
-            )
+            raise DataError(f"{len(hyps)} hypothesis lines but {len(ref)} lines in reference {name}", where)
         refs.append(ref)
     if not allow_empty:
         for number, hyp in enumerate(hyps, start=1):
             if not hyp.strip():
                 raise DataError("empty hypothesis line (pass allow_empty=True if that is intended)",
-                                hyp_path, number)
+                                where or "hypotheses", number)
     return hyps, refs
+
+
+def check_parallel(
+    hyp_path: str | Path, ref_paths: Sequence[str | Path], allow_empty: bool = False
+) -> tuple[list[str], list[list[str]]]:
+    """Read a hypothesis file and its reference file(s), checking they line up (:func:`read_parallel`)."""
+    if not ref_paths:
+        raise DataError("no reference file given", hyp_path)
+    return read_parallel(Path(hyp_path), [Path(r) for r in ref_paths], allow_empty=allow_empty)
 
 
 def make_metric(name: str, tokenize: str | None = None, trg_lang: str = "") -> BLEU | CHRF | TER:

@@ -52,6 +52,20 @@ class UDSentence:
         return "".join(w + (" " if s else "") for w, s in zip(self.words, self.spaces)).rstrip()
 
 
+#: the UD parsers the recipes use: name -> (language, training files under the UD directory
+#: (../shared/data/ud), held-out file for choosing the checkpoint or None for every 10th training
+#: sentence, output directory)
+PARSER_PRESETS: dict[str, tuple[str, list[str], str | None, str]] = {
+    # EWT's training file plus GUM's dev and test for training, EWT dev to choose the checkpoint
+    "en_ud": ("en", ["en_ewt-ud-train.conllu", "en_gum-ud-dev.conllu", "en_gum-ud-test.conllu"],
+              "en_ewt-ud-dev.conllu", "parsers/en_ud"),
+    "de_ud": ("de", ["de_gsd-ud-dev.conllu"], None, "parsers/de_ud"),
+}
+
+#: updates of each preset (docs/parsers.md: what they reach and what they cost)
+PRESET_STEPS = {"en_ud": 2000, "de_ud": 1500}
+
+
 def _blocks(path: Path) -> Iterator[tuple[int, list[tuple[int, str]]]]:
     """Yield (first line, [(line number, line)]) for each blank-line separated block."""
     try:

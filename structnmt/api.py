@@ -1,0 +1,316 @@
+"""structnmt from Python: one function for each step of an experiment.
+
+Every ``structnmt`` command is argument parsing around one of these functions, so a
+notebook or a script can do whatever the command line does::
+
+    import structnmt
+
+    cfg = structnmt.load_config("configs/multi30k_en_de_pascal.yaml", {"training.max_steps": 2000})
+    structnmt.prepare(cfg)
+    summary = structnmt.train(cfg)                 # {"status": "max_steps", "step": 2000, ...}
+    scores = structnmt.test("runs/multi30k_en_de_pascal")
+    translator = structnmt.load("runs/multi30k_en_de_pascal/best.pt")
+    translator.translate(["A man is riding a bike."], beam=5)
+
+Problems with what was given raise :class:`~structnmt.errors.StructNMTError` subclasses,
+never ``SystemExit``: :class:`~structnmt.errors.ConfigError` (a config field or an argument,
+named), :class:`~structnmt.errors.DataError` (a file and line),
+:class:`~structnmt.errors.CheckpointError`, :class:`~structnmt.errors.ParserError`. The
+command line prints their message as one line and exits with status 2.
+
+Heavy modules (torch, spaCy) are imported inside the functions, so that importing
+``structnmt`` stays cheap.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from structnmt.config import ExperimentConfig, parse_overrides, with_overrides
+from structnmt.config import load_config as _read_config
+from structnmt.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+    from structnmt.decoding.translator import Translator
+    from structnmt.evaluation.alignment import GoldFormat
+
+Overrides = Mapping[str, Any] | Sequence[str] | None
+ConfigLike = ExperimentConfig | str | Path
+
+
+def _overrides(overrides: Overrides) -> dict[str, Any]:
+    """Dotted keys as a mapping (``{"training.lr": 1e-3}``) or as ``--set`` strings (``"training.lr=1e-3"``)."""
+    if overrides is None:
+        return {}
+    if isinstance(overrides, Mapping):
+        return dict(overrides)
+    if isinstance(overrides, str):
+        overrides = [overrides]
+    return parse_overrides(list(overrides), "overrides")
+
+
+# ---------------------------------------------------------------------------
+# configs, data, training
+
+
+def load_config(path: str | Path, overrides: Overrides = None) -> ExperimentConfig:
+    """Read a YAML experiment config and check all of it, ``model.methods`` entries included.
+
+    ``overrides`` are dotted keys set after reading: ``{"training.max_steps": 100}`` or
+    ``["training.max_steps=100"]``. Errors name the file and the field.
+    """
+    from structnmt.model.methods import validate_method_configs
+
+    cfg = _read_config(path, _overrides(overrides))
+    validate_method_configs(cfg.model, cfg.path)
+    return cfg
+
+
+def _config(config: ConfigLike, overrides: Overrides = None) -> ExperimentConfig:
+    """A checked config from a path or an :class:`ExperimentConfig` (with ``overrides`` applied)."""
+    if isinstance(config, (str, Path)):
+        return load_config(config, overrides)
+    if not isinstance(config, ExperimentConfig):
+        raise TypeError(f"expected a config path or an ExperimentConfig, got {type(config).__name__}")
+    from structnmt.model.methods import validate_method_configs
+
+    cfg = with_overrides(config, _overrides(overrides))
+    validate_method_configs(cfg.model, cfg.path)
+    return cfg
+
+
+def prepare(config: ConfigLike, overrides: Overrides = None, force: bool = False, verbose: bool = True) -> Path:
+    """Build the dataset a config's ``data`` section describes (clean, parse, sub-words,
+    structures) and return its directory (``data.dir``). An existing dataset built from the
+    same settings is kept unless ``force``."""
+    from structnmt.data.prepare import prepare as build
+
+    cfg = _config(config, overrides)
+    if cfg.data is None:
+        raise ConfigError("this config has no data section", "data", cfg.path)
+    return build(cfg, force=force, verbose=verbose)
+
+
+def prepare_multi30k(pair: str = "en-de", source: str | Path | None = None, out: str | Path | None = None,
+                     parser: str | None = None, force: bool = False, verbose: bool = True) -> Path:
+    """Prepare Multi30k ``pair`` from a local copy of its raw files (``source``), or from its
+    public home when ``source`` is None; ``parser`` is a spaCy model for the source trees."""
+    from structnmt.data.multi30k import build_multi30k
+    from structnmt.data.prepare import prepare as build
+
+    out = Path(out or f"data/multi30k_{pair.replace('-', '_')}")
+    data = build_multi30k(pair, out.parent / f"{out.name}_raw", Path(source) if source else None)
+    data.dir = str(out)
+    if parser:
+        data.src.parser.backend, data.src.parser.model = "spacy", parser
+    return build(ExperimentConfig(data=data), force=force, verbose=verbose)
+
+
+def train(config: ConfigLike, overrides: Overrides = None, resume: bool = False,
+          prepare_missing: bool = False) -> dict[str, Any]:
+    """Train the model a config describes on its prepared dataset; return the run's summary.
+
+    The summary's ``status`` says why training stopped: ``max_steps``, ``max_epochs``,
+    ``time_budget``, ``early_stopped``, ``interrupted`` (a signal; continue with
+    ``resume=True``) or ``diverged`` (too many non-finite updates; the last good checkpoint is
+    kept). ``prepare_missing`` prepares the dataset first when it does not exist yet.
+    """
+    from structnmt.training.trainer import train as run
+
+    cfg = _config(config, overrides)
+    if prepare_missing and cfg.data is not None and not (Path(cfg.data.dir) / "meta.json").exists():
+        prepare(cfg)
+    return run(cfg, resume=resume)
+
+
+def average(checkpoints: Sequence[str | Path], out: str | Path) -> Path:
+    """Average the weights of several checkpoints of one run into ``out`` (a model that ``load`` reads)."""
+    from structnmt.training.checkpoint import write_averaged_checkpoint
+
+    if not checkpoints:
+        raise ConfigError("no checkpoint to average", "checkpoints")
+    return write_averaged_checkpoint(list(checkpoints), out)
+
+
+def demo(work: str | Path = "demo", minutes: float = 3.0, train_size: int = 20000, seed: int = 1,
+         overrides: Overrides = None, verbose: bool = True) -> dict[str, Any]:
+    """The whole pipeline on the built-in synthetic task (``structnmt demo``); returns the test
+    scores with the ``run`` directory and the training ``summary``."""
+    from structnmt.training.demo import run_demo
+
+    return run_demo(work, minutes, train_size, seed, _overrides(overrides), verbose)
+
+
+# ---------------------------------------------------------------------------
+# translating and scoring
+
+
+def load(checkpoint: str | Path, device: str | torch.device | None = None,
+         dataset: str | Path | None = None) -> Translator:
+    """A :class:`~structnmt.decoding.translator.Translator` for a checkpoint.
+
+    ``device``: ``"cpu"``, ``"cuda"``, ``"cuda:1"``...; None takes the GPU when there is one.
+    ``dataset``: the prepared dataset whose preprocessing (sub-words, parser) the model reads
+    with; default the one it was trained on. Then::
+
+        translator.translate(sentences, beam=5)  -> list[str], as ``structnmt translate`` gives
+        translator.nbest(sentences, 4)           -> list[list[str]]
+        translator.attention(source, target)     -> AttentionMaps (arrays of every layer and head)
+        translator.score(sources, references)    -> list[float], log-probabilities of the references
+    """
+    from structnmt.decoding.translator import load_translator
+
+    return load_translator(checkpoint, device, dataset)
+
+
+def test(run: str | Path, checkpoint: str | Path | None = None, splits: Sequence[str] | None = None,
+         beam: int | None = None, device: str | None = None, long_dependency: int = 7,
+         verbose: bool = False) -> dict[str, dict[str, Any]]:
+    """Translate a run's test splits and score them (``structnmt test``).
+
+    Uses ``checkpoint``, else the run's ``best.pt``, else its ``last.pt``; writes
+    ``RUN/eval/<set>.{hyp,ref,src,json}``; returns ``{set: {"bleu": ..., "chrf": ...,
+    "signature": {...}, ...}}``, with ``<split>_longdep`` sets for the sentences whose source
+    parse has an arc of ``long_dependency`` words or more (0: off).
+    """
+    from structnmt.evaluation.run_eval import evaluate_run
+
+    return evaluate_run(Path(run), checkpoint, list(splits) if splits else None, device, beam,
+                        quiet=not verbose, long_dependency=long_dependency)
+
+
+def evaluate(hypotheses: str | Path | Sequence[str], references: str | Path | Sequence[Any],
+             metrics: Sequence[str] = ("bleu", "chrf"), tokenize: str | None = None,
+             allow_empty: bool = False) -> dict[str, Any]:
+    """sacreBLEU scores of detokenised hypotheses (``structnmt evaluate``).
+
+    ``hypotheses`` and ``references`` are files (``str`` or ``Path``) or lists of sentences;
+    several references are a list of ``Path`` objects or of sentence lists. ``metrics`` from
+    ``bleu``, ``chrf``, ``ter``, ``ribes``. Returns ``{"bleu": 34.1, ..., "signature": {"bleu": ...}}``.
+    An empty hypothesis is refused unless ``allow_empty``.
+    """
+    from structnmt.evaluation.scores import corpus_scores, read_parallel
+
+    hyps, refs = read_parallel(hypotheses, references, allow_empty=allow_empty)
+    return corpus_scores(hyps, refs, metrics=tuple(metrics), tokenize=tokenize)
+
+
+# ---------------------------------------------------------------------------
+# reports, pictures, analyses
+
+
+def report(runs: Sequence[str | Path], baseline: str | None = None, test_sets: Sequence[str] | None = None,
+           out: str | Path | None = None, samples: int = 1000, plots: str | Path | None = None) -> str:
+    """The Markdown table of several tested runs (``structnmt report``): scores per test set,
+    paired-bootstrap significance against ``baseline`` (a run's directory name), parameters,
+    speed, commands and versions. Written to ``out`` when given; ``plots`` also draws the
+    training curves and BLEU by length into that directory."""
+    from structnmt.evaluation.report import build_report
+
+    paths = [Path(r) for r in runs]
+    text = build_report(paths, baseline, list(test_sets) if test_sets else None, Path(out) if out else None,
+                        n_samples=samples)
+    if plots:
+        from structnmt.visualisation.run_plots import plot_runs
+
+        plot_runs(paths, plots, test_sets[0] if test_sets else None)
+    return text
+
+
+def plot_attention(checkpoint: str | Path, out: str | Path, sentence: str | None = None, line: int | None = None,
+                   split: str = "test", attention: Literal["encoder", "cross"] = "encoder", layer: int = 1,
+                   head: int = 0, dataset: str | Path | None = None, device: str | None = "cpu") -> Path:
+    """Heat map of one head (0-based) in one layer (1-based) on raw ``sentence`` or on line
+    ``line`` (1-based) of a prepared ``split``, with its dependency arcs or scenes on top."""
+    from structnmt.visualisation.model_attention import plot_model_attention
+
+    return plot_model_attention(load(checkpoint, device, dataset), out, sentence=sentence, split=split, line=line,
+                                attention=attention, layer=layer, head=head)
+
+
+def plot_curves(runs: Sequence[str | Path], out: str | Path) -> Path:
+    """Training curves (loss, validation BLEU) of several runs in one picture."""
+    from structnmt.visualisation.curves import plot_training_curves
+
+    return plot_training_curves({Path(r).name: Path(r) for r in runs}, Path(out))
+
+
+def inspect(run: str | Path, what: Literal["trees", "phrases", "align"], checkpoint: str | Path | None = None,
+            split: str = "test", side: Literal["src", "tgt"] = "src", layer: int | None = None,
+            gold: str | Path | None = None, gold_format: GoldFormat = "auto",
+            boundary: Literal["auto", "before", "after"] = "auto", dataset: str | Path | None = None,
+            out: str | Path | None = None, device: str | None = "cpu") -> dict[str, Any]:
+    """Read learned structure out of a run and score it (``structnmt inspect``).
+
+    ``trees``: DBSA/SISA heads -> dependency trees, UAS against the split's trees;
+    ``phrases``: LPSI distances -> phrase trees, unlabeled F1 against ``gold`` brackets;
+    ``align``: cross-attention -> word alignments, AER against ``gold`` links, written as
+    Pharaoh (0-based) or talp (1-based, ``ipj`` possible links) files, ``gold_format`` telling
+    which or ``auto``. ``layer`` is 1-based. Outputs go to ``out`` (default ``RUN/inspect``).
+    """
+    from structnmt.evaluation.inspect_run import inspect_run
+
+    return inspect_run(run, what, checkpoint, split, side, layer, gold, gold_format, boundary, dataset, out, device)
+
+
+def methods() -> dict[str, dict[str, Any]]:
+    """Every structure-aware method and baseline: its one-line description, the structure
+    fields it reads (in training and at translation time) and its parameters' defaults."""
+    from structnmt.model.methods import METHODS, _discover, method_params_doc
+
+    _discover()
+    out = {}
+    for name in sorted(METHODS):
+        cls = METHODS[name]
+        out[name] = {"doc": (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "",
+                     "needs": dict(cls.needs), "needs_at_inference": dict(cls.needs_at_inference),
+                     "defaults": method_params_doc(name)}
+    return out
+
+
+# ---------------------------------------------------------------------------
+# parsers
+
+
+def train_parser(lang: str | None = None, conllu: Sequence[str | Path] | None = None, out: str | Path | None = None,
+                 dev: str | Path | None = None, preset: str | None = None, shared: str | Path = "../shared/data/ud",
+                 steps: int | None = None, eval_frequency: int = 500) -> Path:
+    """Train a UD dependency parser on CoNLL-U files with spaCy; ``preset`` (``en_ud``,
+    ``de_ud``) fills in the recipes' language, files (under ``shared``), output, size and
+    number of updates (``steps``; default the preset's, else 1500)."""
+    import sys
+
+    from structnmt.parsers.ud_train import EN_UD_SIZE, PARSER_PRESETS, PRESET_STEPS, ParserSize, train_ud_parser
+
+    if preset:
+        if preset not in PARSER_PRESETS:
+            raise ConfigError(f"unknown preset {preset!r} (known: {', '.join(sorted(PARSER_PRESETS))})", "preset")
+        p_lang, files, p_dev, p_out = PARSER_PRESETS[preset]
+        lang = lang or p_lang
+        conllu = conllu or [Path(shared) / f for f in files]
+        dev = dev or (Path(shared) / p_dev if p_dev else None)
+        out = out or p_out
+    if preset == "de_ud":
+        print("note: German has no UD training file here beyond GSD dev (720 sentences): expect about 72 UAS "
+              "(docs/parsers.md). Target-side recipes with UD trees are on En->Fr (configs/multi30k_en_fr_*).",
+              file=sys.stderr)
+    given = {"lang": lang, "conllu": conllu, "out": out}
+    missing = [name for name, value in given.items() if not value]
+    if missing:
+        raise ConfigError("missing (give it or use a preset)", missing[0])
+    size = EN_UD_SIZE if preset == "en_ud" else ParserSize()
+    steps = steps or PRESET_STEPS.get(preset or "", 1500)
+    return train_ud_parser(lang, [Path(p) for p in conllu], Path(dev) if dev else None,  # type: ignore[arg-type]
+                           Path(out), max_steps=steps, eval_frequency=eval_frequency,  # type: ignore[arg-type]
+                           size=size)
+
+
+def evaluate_parser(model: str | Path, conllu: str | Path) -> dict[str, Any]:
+    """UAS and LAS (and their punctuation-free variants) of a spaCy parser against gold CoNLL-U."""
+    from structnmt.parsers.ud_eval import evaluate_parser as score
+
+    return score(str(model), Path(conllu), quiet=True)

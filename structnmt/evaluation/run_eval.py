@@ -1,0 +1,107 @@
+"""``structnmt test``: translate a run's test splits with beam search and score them.
+
+For every test split of the run's dataset (every split but the training and validation
+ones, unless named) the chosen checkpoint translates the stored source ids, and the
+detokenised output is scored with sacreBLEU against the raw references. Hypotheses,
+references, sources and scores land in ``RUN/eval/<split>.{hyp,ref,src,json}``, which
+``structnmt report`` reads. When the split carries source parses, the sentences with a long
+dependency arc are scored again as a test set of their own (``<split>_longdep``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from structnmt.errors import CheckpointError, DataError
+from structnmt.io import atomic_write_text
+
+
+def run_checkpoint(run_dir: Path, checkpoint: str | Path | None = None) -> Path:
+    """The checkpoint to evaluate: the one named, else the run's ``best.pt``, else its ``last.pt``."""
+    if checkpoint:
+        path = Path(checkpoint)
+        if not path.exists():
+            raise CheckpointError(f"{path}: no such checkpoint")
+        return path
+    if not run_dir.is_dir():
+        raise DataError("no such run directory", run_dir)
+    return run_dir / "best.pt" if (run_dir / "best.pt").exists() else run_dir / "last.pt"
+
+
+def _write_set(out: Path, name: str, hyps: list[str], refs: list[str], sources: list[str],
+               scores: dict[str, Any]) -> None:
+    atomic_write_text(out / f"{name}.hyp", "".join(h + "\n" for h in hyps))
+    atomic_write_text(out / f"{name}.ref", "".join(r + "\n" for r in refs))
+    atomic_write_text(out / f"{name}.src", "".join(s + "\n" for s in sources))
+    atomic_write_text(out / f"{name}.json", json.dumps(scores, indent=2) + "\n")
+
+
+def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, splits: list[str] | None = None,
+                 device: str | None = "auto", beam: int | None = None, quiet: bool = False,
+                 long_dependency: int = 7) -> dict[str, dict]:
+    """Translate a run's test splits; write ``eval/<split>.{hyp,ref,src,json}``; return the scores by set.
+
+    ``long_dependency``: also score the sentences whose source parse has an arc of that many
+    words or more (0: off). With ``quiet=False`` one line per set is printed as it is done.
+    """
+    from structnmt.data.dataset import ParallelDataset
+    from structnmt.decoding.translate import translate_split
+    from structnmt.decoding.translator import load_translator
+    from structnmt.evaluation.scores import corpus_scores
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise DataError("no such run directory", run_dir)
+    ckpt = run_checkpoint(run_dir, checkpoint)
+    translator = load_translator(ckpt, device)
+    cfg = translator.config
+    settings = translator.decoding(beam=beam)
+    meta = json.loads((translator.dataset_dir / "meta.json").read_text(encoding="utf-8"))
+    names = splits or [s for s in meta["splits"] if s not in (cfg.data.train_split, cfg.data.valid_split)]
+    results = {}
+    for split in names:
+        data = ParallelDataset(translator.dataset_dir, split)
+        started = time.perf_counter()
+        truncated: list[int] = []
+        hyps = translate_split(translator.model, data, translator.preprocessor, settings, translator.device,
+                               labels=translator.labels, truncated=truncated)
+        seconds = time.perf_counter() - started
+        refs = data.raw("tgt")
+        scores = corpus_scores(hyps, [refs], metrics=("bleu", "chrf"))
+        scores.update({"checkpoint": str(ckpt), "beam": settings.beam, "sentences": len(hyps), "seconds": seconds,
+                       "truncated_lines": truncated})
+        _write_set(run_dir / "eval", split, hyps, refs, data.raw("src"), scores)
+        results[split] = scores
+        if not quiet:
+            print(f"{split}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({len(hyps)} sentences, "
+                  f"{seconds:.1f}s)  {scores['signature']['bleu']}")
+        if long_dependency and data.has("src", "heads"):
+            results.update(_long_dependency(run_dir, split, data, hyps, refs, long_dependency, quiet))
+    return results
+
+
+def _long_dependency(run_dir: Path, split: str, data, hyps: list[str], refs: list[str], threshold: int,
+                     quiet: bool) -> dict[str, dict]:
+    """Score the sentences whose source parse has an arc of ``threshold`` words or more as a
+    test set of its own (``<split>_longdep``), chosen from the stored parse, so reproducibly."""
+    from structnmt.evaluation.challenge import long_dependency_subset
+    from structnmt.evaluation.scores import corpus_scores
+
+    heads = [data.side_arrays(i, "src")["heads"].tolist() for i in range(len(data))]
+    chosen = long_dependency_subset(heads, threshold)
+    if not chosen:
+        return {}
+    name = f"{split}_longdep"
+    sources = data.raw("src")
+    sub_hyps, sub_refs = [hyps[i] for i in chosen], [refs[i] for i in chosen]
+    scores = corpus_scores(sub_hyps, [sub_refs], metrics=("bleu", "chrf"))
+    scores.update({"subset_of": split, "threshold": threshold, "sentences": len(chosen),
+                   "lines": [i + 1 for i in chosen]})
+    _write_set(run_dir / "eval", name, sub_hyps, sub_refs, [sources[i] for i in chosen], scores)
+    if not quiet:
+        print(f"{name}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({len(chosen)} sentences with an "
+              f"arc of {threshold}+ words)")
+    return {name: scores}
