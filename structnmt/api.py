@@ -137,12 +137,14 @@ def average(checkpoints: Sequence[str | Path], out: str | Path) -> Path:
 
 
 def demo(work: str | Path = "demo", minutes: float = 3.0, train_size: int = 20000, seed: int = 1,
-         overrides: Overrides = None, verbose: bool = True) -> dict[str, Any]:
-    """The whole pipeline on the built-in synthetic task (``structnmt demo``); returns the test
+         overrides: Overrides = None, verbose: bool = True, valid_size: int = 300,
+         test_size: int = 500) -> dict[str, Any]:
+    """The whole pipeline on the built-in synthetic task (``structnmt demo``): the task written
+    to ``WORK/data``, the dataset to ``WORK/dataset``, the run to ``WORK/run``; returns the test
     scores with the ``run`` directory and the training ``summary``."""
     from structnmt.training.demo import run_demo
 
-    return run_demo(work, minutes, train_size, seed, _overrides(overrides), verbose)
+    return run_demo(work, minutes, train_size, seed, _overrides(overrides), verbose, valid_size, test_size)
 
 
 # ---------------------------------------------------------------------------

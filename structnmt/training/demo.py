@@ -17,11 +17,13 @@ from typing import Any
 
 
 def run_demo(work: str | Path = "demo", minutes: float = 3.0, train_size: int = 20000, seed: int = 1,
-             overrides: dict[str, Any] | None = None, verbose: bool = True) -> dict[str, Any]:
+             overrides: dict[str, Any] | None = None, verbose: bool = True, valid_size: int = 300,
+             test_size: int = 500) -> dict[str, Any]:
     """Synthetic data -> prepare -> train -> beam search -> BLEU; returns the test scores
     (``bleu``, ``chrf``, ...) with the ``run`` directory and the training ``summary``.
 
-    ``overrides`` are dotted config keys (``model.d_model``) set on the demo's config.
+    ``overrides`` are dotted config keys (``model.d_model``) set on the demo's config;
+    ``minutes = 0`` trains without a time limit (set ``training.max_steps`` then).
     """
     from structnmt.config import config_from_dict, set_dotted
     from structnmt.data.prepare import prepare
@@ -47,7 +49,7 @@ def run_demo(work: str | Path = "demo", minutes: float = 3.0, train_size: int = 
     cfg = config_from_dict(raw)
     validate_method_configs(cfg.model)
     say(f"writing the synthetic task to {work / 'data'}")
-    write_task(work / "data", sizes={"train": train_size, "val": 300, "test": 500}, seed=seed)
+    write_task(work / "data", sizes={"train": train_size, "val": valid_size, "test": test_size}, seed=seed)
     say("preparing the dataset (gold trees from CoNLL-U, SentencePiece)")
     prepare(cfg, force=True, verbose=verbose)
     run_dir = Path(cfg.training.out_dir)
