@@ -26,6 +26,7 @@ _LAZY = {
     **{name: "structnmt.api" for name in (
         "load", "load_config", "prepare", "prepare_multi30k", "train", "test", "evaluate", "average", "demo",
         "report", "plot_attention", "plot_curves", "inspect", "methods", "train_parser", "evaluate_parser",
+        "run_study", "study_status", "study_report",
     )},
     "Translator": "structnmt.decoding.translator",
     "AttentionMaps": "structnmt.decoding.attention_maps",
@@ -36,7 +37,7 @@ __all__ = [
     "AttentionMaps", "CheckpointError", "ConfigError", "DataError", "ExperimentConfig", "ParserError",
     "StructNMTError", "Translator", "__version__", "average", "demo", "evaluate", "evaluate_parser", "inspect",
     "load", "load_config", "methods", "plot_attention", "plot_curves", "prepare", "prepare_multi30k", "report",
-    "test", "train", "train_parser",
+    "run_study", "study_report", "study_status", "test", "train", "train_parser",
 ]
 
 

@@ -275,6 +275,37 @@ def methods() -> dict[str, dict[str, Any]]:
 
 
 # ---------------------------------------------------------------------------
+# studies
+
+
+def run_study(study: str | Path, jobs: int | None = None, executor: str | None = None,
+              only: Sequence[str] | None = None, report: bool = True) -> dict[str, Any]:
+    """Run a study file (``structnmt study``): every recipe x seed not yet recorded is trained
+    and tested at the study's update budget, then the report is written. ``executor``:
+    ``local`` (``jobs`` at once), ``slurm`` or ``submitit-local``; ``only`` names recipes.
+    Returns ``{"runs": {"recipe/seedN": status}, "report": path or None}``."""
+    from structnmt.study import run_study as run
+
+    return run(study, jobs=jobs, executor=executor, only=list(only) if only else None, report=report)
+
+
+def study_status(study: str | Path) -> list[dict[str, Any]]:
+    """Where every run of a study stands: one row per recipe and seed (``state``: done,
+    stale, running, failed, interrupted or pending; ``step``; ``bleu``; ``note``)."""
+    from structnmt.study import study_status as status
+
+    return status(study)
+
+
+def study_report(study: str | Path, out: str | Path | None = None) -> Path:
+    """Write a study's report from its records (default ``RECORDS/report.md``); returns its path."""
+    from structnmt.study import load_study
+    from structnmt.study.report import write_report
+
+    return write_report(load_study(study), out)
+
+
+# ---------------------------------------------------------------------------
 # parsers
 
 

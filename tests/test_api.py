@@ -245,10 +245,6 @@ ERROR_CASES: dict[str, tuple[Callable[[Path], tuple[Callable[[], object], list[s
                                    ["translate", "--checkpoint", CHECKPOINT, "--input", "in.txt", "--beam", "0",
                                     "--device", "cpu"]),
                         ConfigError, "decoding.beam: must be at least 1"),
-    "line_too_long": (lambda t: (lambda: structnmt.load(CHECKPOINT, "cpu").translate(["x " * 1100], source="long.txt"),
-                                 ["translate", "--checkpoint", CHECKPOINT, "--input",
-                                  _write(Path("long.txt"), "x " * 1100 + "\n"), "--device", "cpu"]),
-                      DataError, "long.txt:1: "),
     "hypotheses_and_references_differ": (
         lambda t: (lambda: structnmt.evaluate(Path(t / "h.txt"), Path(t / "r.txt")),
                    ["evaluate", "--hyp", _write(t / "h.txt", "a\nb\n"), "--ref", _write(t / "r.txt", "a\nb\nc\n")]),
@@ -276,6 +272,8 @@ ERROR_CASES: dict[str, tuple[Callable[[Path], tuple[Callable[[], object], list[s
                    ["plot", "attention", "--checkpoint", CHECKPOINT, "--line", "1", "--layer", "7",
                     "--out", str(t / "a.png")]),
         ConfigError, "layer: layer 7 is outside 1..2"),
+    "study_file_not_found": (lambda t: (lambda: structnmt.run_study("nope.yaml"), ["study", "nope.yaml"]),
+                             ConfigError, "nope.yaml: study file not found"),
     "parser_without_files": (lambda t: (lambda: structnmt.train_parser(lang="en"), ["parser", "train", "--lang", "en"]),
                              ConfigError, "conllu: missing"),
 }

@@ -178,7 +178,7 @@ def _with_long_test_line(tmp_path: Path) -> Path:
 
 
 def test_a_test_line_longer_than_the_model_reads_is_translated_truncated_and_scored(tmp_path, capsys):
-    from structnmt.cli.main import evaluate_run
+    from structnmt.evaluation.run_eval import evaluate_run
 
     config = _with_long_test_line(tmp_path)
     assert cli(capsys, "prepare", str(config))[0] == 0

@@ -172,18 +172,16 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 
 
 def cmd_study(args: argparse.Namespace) -> int:
-    from structnmt.study import format_status, load_study, run_study, study_status
+    from structnmt.study import format_status
 
     if args.status:
-        print(format_status(study_status(args.study)))
+        print(format_status(api.study_status(args.study)))
         return 0
     if args.report:
-        from structnmt.study.report import write_report
-
-        print(f"report written to {write_report(load_study(args.study), args.out)}")
+        print(f"report written to {api.study_report(args.study, args.out)}")
         return 0
-    result = run_study(args.study, jobs=args.jobs, executor=args.executor, only=args.only)
-    print(format_status(study_status(args.study)))
+    result = api.run_study(args.study, jobs=args.jobs, executor=args.executor, only=args.only)
+    print(format_status(api.study_status(args.study)))
     return 0 if all(s == "done" for s in result["runs"].values()) else 1
 
 

@@ -142,23 +142,25 @@ class Translator:
     def translate(self, sentences: str | Sequence[str], beam: int | None = None,
                   length_penalty: float | None = None, max_len_a: float | None = None,
                   max_len_b: int | None = None, max_tokens: int | None = None,
-                  source: str = "<input>") -> list[str]:
+                  source: str = "<input>", truncated: list[int] | None = None) -> list[str]:
         """One detokenised translation per sentence, in input order.
 
         Settings left at None are the checkpoint's (``decoding`` section: beam 5, length
         penalty 0.6 unless the config said otherwise); ``beam=1`` is greedy decoding. The
         output is the ``structnmt translate`` output for the same settings. A sentence longer
-        than the model reads raises :class:`DataError` naming ``source`` and its number.
+        than the model reads is translated from its longest prefix of whole words that fits,
+        with a warning naming ``source`` and its number (appended to ``truncated``).
         """
         settings = self.decoding(beam=beam, nbest=1, length_penalty=length_penalty, max_len_a=max_len_a,
                                  max_len_b=max_len_b, max_tokens=max_tokens)
-        return [hyps[0] for hyps in self._translate(_sentences(sentences), settings, source)]
+        return [hyps[0] for hyps in self._translate(_sentences(sentences), settings, source, truncated)]
 
-    def _translate(self, lines: list[str], settings: DecodingConfig, source: str = "<input>") -> list[list[str]]:
+    def _translate(self, lines: list[str], settings: DecodingConfig, source: str = "<input>",
+                   truncated: list[int] | None = None) -> list[list[str]]:
         if not lines:
             return []
         return translate_lines(self.model, self.preprocessor, lines, settings, self.device, labels=self.labels,
-                               source=source)
+                               source=source, truncated=truncated)
 
     def attention(self, source: str, target: str | None = None) -> AttentionMaps:
         """Every layer's and head's self- and cross-attention on one sentence pair.

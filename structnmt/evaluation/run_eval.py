@@ -5,7 +5,8 @@ ones, unless named) the chosen checkpoint translates the stored source ids, and 
 detokenised output is scored with sacreBLEU against the raw references. Hypotheses,
 references, sources and scores land in ``RUN/eval/<split>.{hyp,ref,src,json}``, which
 ``structnmt report`` reads. When the split carries source parses, the sentences with a long
-dependency arc are scored again as a test set of their own (``<split>_longdep``).
+dependency arc are scored again as a test set of their own (``<split>_longdep``). Every line
+is scored: one longer than the model reads is translated from a prefix (``truncated_lines``).
 """
 
 from __future__ import annotations

@@ -226,7 +226,7 @@ def execute_run(study: Study, recipe: str, seed: int) -> str:
 
 
 def _execute(study: Study, recipe: str, seed: int, run_dir: Path) -> str:
-    from structnmt.cli.main import evaluate_run
+    from structnmt.evaluation.run_eval import evaluate_run
     from structnmt.training.trainer import train
 
     cfg = study.run_config(recipe, seed)
