@@ -107,7 +107,11 @@ class Study:
                      "training.out_dir": str(self.run_dir(recipe, seed)), "training.progress": False}
         if self.executor.threads:
             overrides["training.threads"] = self.executor.threads
-        return load_config(r.config, overrides)
+        from structnmt.model.methods import validate_method_configs
+
+        cfg = load_config(r.config, overrides)
+        validate_method_configs(cfg.model, cfg.path)  # the method registry checks its own entries
+        return cfg
 
 
 def _check_keys(raw: dict, allowed: set[str], where: str, path: Path) -> None:
