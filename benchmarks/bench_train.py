@@ -231,7 +231,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     info = common.machine()
     print(json.dumps(info, indent=1))
-    from structnmt.training.trainer import pick_precision
+    from structnmt.training.environment import pick_precision
 
     base = load_config(args.config, {"data.dir": str(dataset)})
     # the ceiling is the matmul peak of the precision training runs in (bf16 autocast on this

@@ -22,17 +22,6 @@ from structnmt.config import parse_overrides
 from structnmt.errors import ConfigError, DataError, StructNMTError
 from structnmt.parsers.ud_train import PARSER_PRESETS
 
-#: ``structnmt train``'s exit status when a signal stopped it after saving a checkpoint:
-#: EX_TEMPFAIL ("try again later"), so that ``train && test`` stops and a scheduler can tell a
-#: resumable interruption (rerun with --resume) from a finished run (0) or a diverged one (1)
-EXIT_INTERRUPTED = 75
-
-
-def exit_status(summary: dict) -> int:
-    status = summary.get("status")
-    return {"diverged": 1, "interrupted": EXIT_INTERRUPTED}.get(status, 0)
-
-
 # ---------------------------------------------------------------------------
 # prepare / train
 
@@ -47,6 +36,9 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    """Exit status: 0 done, 1 diverged, 75 stopped by a signal (resumable with --resume)."""
+    from structnmt.training.trainer import exit_status
+
     summary = api.train(args.config, parse_overrides(args.set), resume=args.resume, prepare_missing=args.prepare)
     print(yaml.safe_dump(summary, sort_keys=False), end="")
     return exit_status(summary)

@@ -124,7 +124,7 @@ def stale_reason(study: Study, recipe: str, seed: int, record: dict[str, Any]) -
     """Why a record no longer stands for today's run, or None when it does."""
     cfg = study.run_config(recipe, seed)
     if record.get("digest") != config_digest(cfg):
-        from structnmt.training.trainer import config_differences
+        from structnmt.training.checks import config_differences
 
         old, new = record.get("config") or {}, _digest_view(cfg)
         fields = [k for k, _, _ in config_differences(old, new, "config")][:3]

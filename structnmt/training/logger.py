@@ -1,4 +1,5 @@
-"""Where training reports go: ``RUN/log.jsonl``, TensorBoard and a tqdm progress bar.
+"""Where training reports go: ``RUN/log.jsonl``, TensorBoard, a tqdm progress bar, and the
+run's own record (``config.yaml``, ``run.json``).
 
 ``log.jsonl`` is the record the plotting and report code reads: one JSON object per line,
 ``{"kind": "train" | "valid" | "event", "step": ..., "epoch": ..., ...}``. It is appended to
@@ -10,12 +11,18 @@ from __future__ import annotations
 
 import json
 import math
+import platform
 import sys
+import time
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tqdm import tqdm
+
+if TYPE_CHECKING:
+    from structnmt.config import ExperimentConfig
+    from structnmt.training.updater import UpdateStats
 
 
 def _clean(value: Any) -> Any:
@@ -129,3 +136,99 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
             except json.JSONDecodeError:
                 continue
     return records
+
+
+class TrainWindow:
+    """The updates since the last ``train`` record: token-weighted sums of the losses, the
+    tokens, the skipped updates, and the rate and gradient norm of the latest update."""
+
+    def __init__(self) -> None:
+        self.sums: dict[str, float] = {}
+        self.started = time.monotonic()
+
+    def __bool__(self) -> bool:
+        return bool(self.sums)
+
+    def add(self, stats: UpdateStats) -> None:
+        w = self.sums
+        w["updates"] = w.get("updates", 0) + 1
+        w["skipped"] = w.get("skipped", 0) + (0 if stats.applied else 1)
+        w["tokens"] = w.get("tokens", 0) + stats.tokens
+        if math.isfinite(stats.loss):
+            w["loss_sum"] = w.get("loss_sum", 0.0) + stats.loss * stats.tokens
+            w["nll_sum"] = w.get("nll_sum", 0.0) + stats.nll * stats.tokens
+            w["good_tokens"] = w.get("good_tokens", 0) + stats.tokens
+            for name, value in stats.aux.items():
+                w[f"aux:{name}"] = w.get(f"aux:{name}", 0.0) + value * stats.tokens
+        w["lr"] = stats.lr
+        w["grad_norm"] = stats.grad_norm
+
+    def record(self, step: int, epoch: int) -> dict[str, Any]:
+        """The ``train`` record: losses per target token of the updates that had a finite loss."""
+        w = self.sums
+        seconds = time.monotonic() - self.started
+        good = max(w.get("good_tokens", 0), 1)
+        record = {
+            "step": step,
+            "epoch": epoch,
+            "loss": w.get("loss_sum", float("nan")) / good,
+            "nll": w.get("nll_sum", float("nan")) / good,
+            "lr": w["lr"],
+            "grad_norm": w["grad_norm"],
+            "tgt_tokens_per_s": w["tokens"] / max(seconds, 1e-9),
+            "skipped": int(w["skipped"]),
+        }
+        for key, value in w.items():
+            if key.startswith("aux:"):
+                record[key[4:]] = value / good
+        return record
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "-"
+
+
+def dataset_parsers(cfg: ExperimentConfig) -> dict[str, Any] | None:
+    """Which parser made the trees of the run's dataset (as its meta.json records it)."""
+    meta_file = Path(cfg.data.dir) / "meta.json" if cfg.data is not None else None
+    if meta_file is None or not meta_file.is_file():
+        return None
+    return json.loads(meta_file.read_text(encoding="utf-8")).get("parsers")
+
+
+def write_run_files(run_dir: Path, cfg: ExperimentConfig, parameters: int, device: str, world_size: int,
+                    precision: str, resumed_from: Path | None) -> None:
+    """``config.yaml`` (the resolved config) and ``run.json`` (command, versions, sizes, where it ran)."""
+    import torch
+    import yaml
+
+    import structnmt
+    from structnmt.config import to_dict
+    from structnmt.io import atomic_write_text
+
+    raw = to_dict(cfg)
+    raw.pop("path", None)
+    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
+    info = {
+        "command": sys.argv,
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "structnmt": structnmt.__version__,
+        "sacrebleu": _version("sacrebleu"),
+        "parameters": parameters,
+        "dataset": cfg.data.dir if cfg.data is not None else None,
+        "parsers": dataset_parsers(cfg),
+        "methods": [m.get("name") for m in cfg.model.methods],
+        "device": device,
+        "world_size": world_size,
+        "precision": precision,
+        "config_file": cfg.path,
+        "resumed_from": str(resumed_from) if resumed_from else None,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    atomic_write_text(run_dir / "run.json", json.dumps(info, indent=2) + "\n")

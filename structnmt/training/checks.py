@@ -1,0 +1,115 @@
+"""Checks before a run starts: what would otherwise fail, or mislead, hours into training.
+
+Each refuses in one line naming the field: a dataset prepared from another data section,
+shared embeddings over separate vocabularies, a sentence longer than the model's positions,
+trees of two annotation conventions compared by one loss; and a warning where the only trees
+available are known to be weak.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from structnmt.config import ExperimentConfig
+from structnmt.errors import ConfigError, DataError
+
+
+def _flatten(node: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}.{key}"))
+        return out
+    return {prefix: node}
+
+
+def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str,
+                       ignore: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """(field, a's value, b's value) for each leaf field that differs, e.g. ("model.d_model", 256, 512)."""
+    fa, fb = _flatten(json.loads(json.dumps(a)), prefix), _flatten(json.loads(json.dumps(b)), prefix)
+    return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))
+            if fa.get(k) != fb.get(k) and k not in ignore]
+
+
+#: data fields that do not change what a prepared dataset holds
+DATA_FIELDS_WITHOUT_EFFECT = ("data.processes", "data.cache_dir", "data.dir")
+
+
+def check_dataset_matches_config(cfg: ExperimentConfig, dataset_dir: Path) -> None:
+    """Refuse a dataset prepared from another ``data`` section than the config asks for.
+
+    A config asking for an 8k vocabulary must not train on a 6k dataset without a word: the
+    dataset's ``meta.json`` keeps the data section it was built from, field by field.
+    """
+    meta_file = dataset_dir / "meta.json"
+    if cfg.data is None or not meta_file.is_file():
+        return
+    meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    built = meta.get("data")
+    if not isinstance(built, dict):
+        return
+    differ = config_differences(built, asdict(cfg.data), "data", DATA_FIELDS_WITHOUT_EFFECT)
+    if differ:
+        shown = "; ".join(f"{k}: {b!r} asked, {a!r} in the dataset" for k, a, b in differ[:3])
+        more = f" (+{len(differ) - 3} more)" if len(differ) > 3 else ""
+        raise ConfigError(f"{dataset_dir} was prepared from another data section ({shown}{more}); "
+                          "run `structnmt prepare CONFIG --force` or point data.dir elsewhere", "data")
+
+
+def check_shared_embeddings(cfg: ExperimentConfig, dataset_dir: Path) -> None:
+    """Sharing source and target embeddings is only meaningful over one joint vocabulary."""
+    meta_file = dataset_dir / "meta.json"
+    meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
+    if cfg.model.share_embeddings and meta.get("joint_vocab") is False:
+        raise ConfigError("the dataset has separate source and target vocabularies; set share_embeddings: false "
+                          "(or prepare with data.subwords.joint: true)", "model.share_embeddings")
+
+
+def check_lengths(data: Any, max_positions: int) -> None:
+    """Refuse, before training, a sentence longer than the model's positions (it would fail mid-run)."""
+    for side, lengths in (("src", data.src_lengths), ("tgt", data.tgt_lengths)):
+        if lengths is None or len(lengths) == 0:
+            continue
+        longest = int(np.argmax(lengths))
+        if int(lengths[longest]) + 1 > max_positions:
+            raise DataError(f"sentence {longest + 1} of split {data.split!r} has {int(lengths[longest])} {side} "
+                            f"sub-words; the model reads at most {max_positions - 1} (model.max_positions; or "
+                            "lower data.clean.max_len)", data.path)
+
+
+def warn_weak_german_trees(model: Any, cfg: ExperimentConfig) -> None:
+    """German UD trees come from a parser trained on GSD's 720 dev sentences: say so."""
+    needs = model.structure_needs()
+    for side in ("src", "tgt"):
+        if needs[side] and getattr(cfg.data, side).lang == "de":
+            print(f"warning: the {side} side is German: the only German UD training data here is GSD dev "
+                    "(720 sentences; its parser reaches 71.7 UAS, docs/parsers.md), so these trees are weak. "
+                    "For target-side trees prefer the En->Fr recipes (configs/multi30k_en_fr_*.yaml): spaCy's "
+                    "French model is trained on UD.", file=sys.stderr, flush=True)
+
+
+def check_conventions(model: Any, dataset_dir: Path) -> None:
+    """Refuse to synchronise trees of two annotation conventions (SyncAttn, both-side DBSA).
+
+    A method that reads trees on both sides compares them; a ClearNLP-style English tree and
+    a UD French tree disagree on what heads what, so the loss would teach noise.
+    """
+    needs = model.structure_needs()
+    tree_fields = {"parent_first", "parent_mid", "dist", "scene_mask", "scene_dist", "labels"}
+    if not (needs["src"] & tree_fields and needs["tgt"] & tree_fields):
+        return
+    meta_file = dataset_dir / "meta.json"
+    meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
+    parsers = meta.get("parsers") or {}
+    conventions = {side: (parsers.get(side) or {}).get("convention") for side in ("src", "tgt")}
+    if conventions["src"] != conventions["tgt"]:
+        raise ConfigError(
+            f"the methods compare source and target trees, but {dataset_dir} has {conventions['src']} trees "
+            f"on the source side and {conventions['tgt']} trees on the target side; parse both sides with "
+            "parsers of one convention (UD: `structnmt parser train`)", "data.src.parser")
