@@ -63,7 +63,7 @@ PARSER_PRESETS: dict[str, tuple[str, list[str], str | None, str]] = {
 }
 
 #: updates of each preset (docs/parsers.md: what they reach and what they cost)
-PRESET_STEPS = {"en_ud": 2000, "de_ud": 1500}
+PRESET_STEPS = {"en_ud": 2500, "de_ud": 1500}
 
 
 def _blocks(path: Path) -> Iterator[tuple[int, list[tuple[int, str]]]]:

@@ -60,7 +60,9 @@ def parser_recipe_identity(model: str | None) -> dict[str, Any] | None:
     if meta_file.is_file():
         meta = json.loads(meta_file.read_text(encoding="utf-8"))
         own = meta.get("structnmt") or {}
-        keep = {k: own.get(k) for k in ("train_files", "dev_file", "max_steps", "seed", "size") if k in own}
+        keep = {k: own.get(k) for k in ("train_files", "max_steps", "seed", "size") if k in own}
+        if own.get("dev_file"):  # by name: the same file reached through another path is the same
+            keep["dev_file"] = Path(own["dev_file"]).name
         return {"name": f"{meta.get('lang', '')}_{meta.get('name', '')}", "version": meta.get("version"),
                 "spacy": meta.get("spacy_version"), **keep}
     try:
