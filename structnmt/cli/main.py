@@ -297,7 +297,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--dev", help="held-out CoNLL-U for model selection (default: every 10th training sentence)")
     t.add_argument("--eval-frequency", dest="eval_frequency", type=int, default=500)
     t.add_argument("--out")
-    t.add_argument("--steps", type=int, help="default: the preset's (en_ud 2000, de_ud 1500), else 1500")
+    t.add_argument("--steps", type=int, help="default: the preset's (en_ud 2500, de_ud 1500), else 1500")
     t.set_defaults(func=cmd_parser_train)
     e = psub.add_parser("evaluate")
     e.add_argument("model")
