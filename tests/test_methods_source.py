@@ -435,7 +435,8 @@ def test_method_adds_no_parameters_trains_and_translates(name):
 # configs
 
 
-RECIPES = ["pascal", "deps_san", "deps_san_wink", "udiscal", "sasa", "sacra", "sasa_udiscal", "sacra_udiscal"]
+RECIPES = ["pascal", "deps_san_plain", "deps_san_rs", "deps_san_wink", "udiscal", "sasa", "sacra", "sasa_udiscal",
+           "sacra_udiscal"]
 
 
 @pytest.mark.parametrize("name", RECIPES)
