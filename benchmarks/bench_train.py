@@ -2,7 +2,7 @@
 hardware efficiency and peak memory of training.
 
     python benchmarks/bench_train.py                       # vanilla + every Multi30k En->De recipe
-    python benchmarks/bench_train.py --methods dbsa pascal --steps 10 --rounds 2
+    python benchmarks/bench_train.py --methods dbsa_src pascal --steps 10 --rounds 2
 
 What is timed is the real training path: ``token_batches`` -> ``collate`` (structure
 tensors included) -> ``Updater.update`` (forward, label-smoothed loss, the methods'
@@ -169,7 +169,7 @@ def vanilla_training(config: str, dataset: str, steps: int, warmup: int, threads
 
 
 def recipes(pattern: str, selected: list[str] | None, base: str = BASE_CONFIG) -> dict[str, str]:
-    """Method recipes by short name (``configs/multi30k_en_de_dbsa.yaml`` -> ``dbsa``)."""
+    """Method recipes by short name (``configs/multi30k_en_de_dbsa_src.yaml`` -> ``dbsa_src``)."""
     prefix = pattern.split("*")[0]
     found = {}
     for path in sorted(Path(".").glob(pattern)):

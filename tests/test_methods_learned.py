@@ -304,7 +304,7 @@ def test_local_window_nopos_recipe_removes_positions():
     assert cfg.model.methods[0]["name"] == "local_window"
 
 
-@pytest.mark.parametrize("name", ["de_dbsa", "de_sisa", "de_lpsi", "de_lpsi_synchmse", "de_lpsi_synchrank",
+@pytest.mark.parametrize("name", ["de_dbsa_src", "de_sisa", "de_lpsi", "de_lpsi_synchmse", "de_lpsi_synchrank",
                                   "de_local_window", "de_local_window_nopos", "fr_transformer", "fr_dbsa",
                                   "fr_syncattn"])
 def test_recipes_validate(name):

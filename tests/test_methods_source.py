@@ -307,6 +307,44 @@ def test_udiscal_equals_a_times_n_in_its_head_only():
     assert float(got[1, :, :, 5:].detach().abs().max()) == 0.0  # padded keys stay masked
 
 
+def test_udiscal_row_sums_on_a_real_sentence():
+    """The row-sum range docs/methods_source.md states: at most N(0) = 0.399 (own word, EOS);
+    0.2-0.35 for a head that attends to the syntactic neighbourhood, 0.24 for one that looks
+    only at the parent, about 0.1 for diffuse (untrained) attention."""
+    from structnmt.data.structures import tree_distances
+    from structnmt.model.methods.udiscal import UdiscalPlugin
+
+    # UD parse of "A man and a woman sitting on a bench ." (one sub-word per word) + EOS
+    heads = [1, 1, 4, 4, 1, 1, 8, 8, 5, 1]
+    n = len(heads)
+    dist = torch.zeros(1, n + 1, n + 1)
+    dist[0, :n, :n] = torch.from_numpy(tree_distances(heads)).float()
+    valid = torch.tensor([[True] * n + [False]])
+    struct = {"src": {"valid": valid, "dist": dist}, "tgt": {}}
+    ctx = AttentionContext(Site("encoder", "self", 0), struct, torch.zeros(1, n + 1, dtype=torch.bool), False, False)
+    plugin = UdiscalPlugin([0], 1.0)
+
+    def row_sums(a: torch.Tensor) -> torch.Tensor:
+        return plugin.probs(a[None, None], ctx)[0, 0, :n].sum(-1)  # rows of the real words
+
+    uniform = row_sums(torch.full((n + 1, n + 1), 1.0 / (n + 1)))
+    neighbourhood = row_sums(torch.softmax(-dist[0], -1))  # weight falling with tree distance
+    parent = torch.zeros(n + 1, n + 1)
+    parent[torch.arange(n), torch.tensor(heads)] = 1.0
+    parent[1, 1] = 1.0  # the root's parent is itself (distance 0)
+    parent_sums = row_sums(parent)
+    n0, n1 = 1 / math.sqrt(2 * math.pi), math.exp(-0.5) / math.sqrt(2 * math.pi)
+    for sums in (uniform, neighbourhood, parent_sums):
+        assert float(sums.max()) <= n0 + 1e-6
+    assert 0.2 < float(neighbourhood.mean()) < 0.35 and float(neighbourhood.min()) > 0.2
+    assert parent_sums[[0, 2, 3, 4, 5, 6, 7, 8, 9]].tolist() == pytest.approx([n1] * 9)
+    assert parent_sums[1] == pytest.approx(n0)
+    assert 0.05 < float(uniform.mean()) < 0.2
+    # the EOS key is scaled by N(0), like the token's own word
+    a = torch.softmax(-dist[0], -1)
+    assert plugin.probs(a[None, None], ctx)[0, 0, 0, n] == pytest.approx(float(a[0, n]) * n0)
+
+
 @pytest.mark.parametrize("mask", ["binary", "scaled", "normal"])
 def test_sasa_equals_a_times_the_scene_mask(mask):
     vanilla, model = twin_models([{"name": "sasa", "layers": [3], "heads": [1], "mask": mask}])
@@ -435,7 +473,8 @@ def test_method_adds_no_parameters_trains_and_translates(name):
 # configs
 
 
-RECIPES = ["pascal", "deps_san", "deps_san_wink", "udiscal", "sasa", "sacra", "sasa_udiscal", "sacra_udiscal"]
+RECIPES = ["pascal", "deps_san_plain", "deps_san_rs", "deps_san_wink", "udiscal", "sasa", "sacra", "sasa_udiscal",
+           "sacra_udiscal"]
 
 
 @pytest.mark.parametrize("name", RECIPES)

@@ -14,7 +14,7 @@ import pytest
 import torch
 import yaml
 
-from structnmt.config import _read_yaml, config_from_dict
+from structnmt.config import _read_yaml, config_from_dict, load_config
 from structnmt.data.prepare import prepare
 from structnmt.data.synthetic import demo_config, write_task
 from structnmt.evaluation.run_eval import evaluate_run
@@ -42,6 +42,29 @@ def tiny_data(tmp_path_factory) -> dict[bool, dict]:
     return out
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_recipe_trains_a_fixed_number_of_updates_when_asked(recipe):
+    """A study sets ``training.max_steps`` and ``training.max_minutes: 0`` on every recipe:
+    then the update count alone ends the run (no time budget, epoch limit or early stop)."""
+    cfg = load_config(CONFIGS / recipe, {"training.max_steps": 2154, "training.max_minutes": 0})
+    t = cfg.training
+    assert (t.max_steps, t.max_minutes, t.max_epochs, t.early_stopping) == (2154, 0, 0, 0)
+    assert load_config(CONFIGS / recipe).training.max_minutes == 55  # the recipes' own budget
+
+
+def test_recipe_names_say_what_they_train():
+    dbsa = load_config(CONFIGS / "multi30k_en_de_dbsa_src.yaml").model.methods
+    assert [m["sides"] for m in dbsa] == [["src"]]
+    assert load_config(CONFIGS / "multi30k_en_fr_dbsa.yaml").model.methods[0]["sides"] == ["src", "tgt"]
+    plain, rs, wink = (load_config(CONFIGS / f"multi30k_en_de_deps_san_{v}.yaml").model.methods[0]
+                       for v in ("plain", "rs", "wink"))
+    assert not plain.get("rs_sparsing") and not plain.get("wink_sparsing")
+    assert rs["rs_sparsing"] and not rs.get("wink_sparsing")
+    assert wink["wink_sparsing"] and not wink.get("rs_sparsing")
+    assert plain == {k: v for k, v in rs.items() if not k.startswith("rs_")}
+    assert not any((CONFIGS / f"multi30k_en_de_{old}.yaml").exists() for old in ("dbsa", "deps_san"))
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_trains_and_translates(recipe, tiny_data, tmp_path):
@@ -56,7 +79,7 @@ def test_recipe_trains_and_translates(recipe, tiny_data, tmp_path):
     raw["decoding"] = {"beam": 2, "max_len_a": 1.0, "max_len_b": 5}
     cfg = config_from_dict(raw)
     summary = train(cfg)
-    assert summary["status"] == "max_steps"
+    assert summary["status"] == "max_steps" and summary["step"] == 2
     run = Path(cfg.training.out_dir)
     assert (run / "last.pt").exists() and (run / "config.yaml").exists()
     logged = [yaml.safe_load(line) for line in (run / "log.jsonl").read_text().splitlines()]

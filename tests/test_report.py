@@ -89,3 +89,13 @@ def test_bad_log_line_is_named(runs):
     with pytest.raises(DataError) as err:
         build_report([base_dir], baseline=None, test_sets=None, out=None)
     assert err.value.line == 4 and "log.jsonl" in str(err.value)
+
+
+def test_a_significantly_worse_run_gets_a_double_dagger(runs, tmp_path):
+    base_dir, _pascal_dir, refs, _base, _better = runs
+    worse = [" ".join("xx" if i % 3 else w for i, w in enumerate(r.split())) for r in refs]
+    worse_dir = make_run(tmp_path, "worse", worse, refs, [1000.0], 1, with_json=False)
+    text = build_report([base_dir, worse_dir], baseline="base", test_sets=None, out=None, n_samples=200)
+    [row] = [line for line in text.split("## Commands")[0].splitlines() if line.startswith("| worse |")]
+    assert f"| {BLEU().corpus_score(worse, [refs]).score:.2f}‡ |" in row
+    assert "† / ‡: BLEU better / worse than the baseline (base) with p < 0.05 (sacreBLEU paired bootstrap" in text

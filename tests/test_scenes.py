@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from structnmt.data.example import DepTree, Scenes
-from structnmt.data.scenes import align_ucca_to_tree, derive_scenes, read_ucca_passage
+from structnmt.data.scenes import align_ucca_to_tree, clause_heads, derive_scenes, read_ucca_passage
 from structnmt.errors import DataError
 
 UD_DEV = Path(__file__).resolve().parents[2] / "shared" / "data" / "ud" / "en_ewt-ud-dev.conllu"
@@ -46,6 +46,41 @@ def test_conj_of_clause_starts_a_scene_but_conj_of_noun_does_not() -> None:
     assert s.parent == [-1] and by_scene(s) == [[0, 1, 2, 3]]
 
 
+def test_coordinated_nouns_under_a_nominal_root_share_its_scene() -> None:
+    # UD parse of "A man and a woman sitting on a bench": "man" is the root (a caption with no
+    # main verb), "woman" its conj, "sitting" an acl of "man". Two scenes: the root's and the
+    # sitting's, which shares "man"; "woman" opens none (it did under a "conj of any clause
+    # head" rule, which this pins down).
+    words = ["A", "man", "and", "a", "woman", "sitting", "on", "a", "bench"]
+    t = make_tree(words, [1, 1, 4, 4, 1, 1, 8, 8, 5],
+                  ["det", "root", "cc", "det", "conj", "acl", "case", "det", "obl"])
+    assert clause_heads(t) == [False, True, False, False, False, True, False, False, False]
+    s = derive_scenes(t)
+    assert s.parent == [-1, 0]
+    assert by_scene(s) == [[0, 1, 2, 3, 4], [1, 5, 6, 7, 8]]
+
+
+@pytest.mark.parametrize(("words", "heads", "labels", "scene_heads"), [
+    # a conjunct with its own predicate dependent (obl) is a scene
+    (["dogs", "run", "and", "jump", "in", "snow"], [1, 1, 3, 1, 5, 3],
+     ["nsubj", "root", "cc", "conj", "case", "obl"], [1, 3]),
+    # a bare conjunct of a verb is a verb: "a man sits and smiles"
+    (["a", "man", "sits", "and", "smiles"], [1, 2, 2, 4, 2], ["det", "nsubj", "root", "cc", "conj"], [2, 4]),
+    # a copular predicate's conjunct is a state: "he is tall and thin"
+    (["he", "is", "tall", "and", "thin"], [2, 2, 2, 4, 2], ["nsubj", "cop", "root", "cc", "conj"], [2, 4]),
+    # a conjunct with a determiner is a noun, even under a verb: "a man holds a cup and a plate"
+    (["man", "holds", "a", "cup", "and", "a", "plate"], [1, 1, 3, 1, 6, 6, 1],
+     ["nsubj", "root", "det", "obj", "cc", "det", "conj"], [1]),
+    # bare nouns under a nominal root: "dogs and cats"
+    (["dogs", "and", "cats"], [0, 2, 0], ["root", "cc", "conj"], [0]),
+    # a conjunct with its own subject under a nominal root is a clause: "a dog , a man is running"
+    (["dog", "man", "is", "running"], [0, 3, 3, 0], ["root", "nsubj", "aux", "conj"], [0, 3]),
+])
+def test_which_conjuncts_start_a_scene(words, heads, labels, scene_heads) -> None:
+    got = clause_heads(make_tree(words, heads, labels))
+    assert [i for i, h in enumerate(got) if h] == scene_heads
+
+
 def test_nested_clauses_and_scene_parents() -> None:
     # "she said that he wanted to leave": said (root) -ccomp-> wanted -xcomp-> leave
     t = make_tree(["she", "said", "that", "he", "wanted", "to", "leave"], [1, 1, 4, 4, 1, 6, 4],
@@ -60,7 +95,7 @@ def test_nested_clauses_and_scene_parents() -> None:
 def test_real_ud_trees() -> None:
     conllu = pytest.importorskip("conllu")
     clauses = {"ccomp", "xcomp", "advcl", "acl", "parataxis"}
-    n_relcl = n_multi = 0
+    n_relcl = n_multi = n_noun_conj = n_verb_conj = 0
     with open(UD_DEV, encoding="utf-8") as handle:
         for k, sentence in enumerate(conllu.parse_incr(handle)):
             if k == 300:
@@ -69,6 +104,7 @@ def test_real_ud_trees() -> None:
             words = [t["form"] for t in tokens]
             heads = [t["head"] - 1 if t["head"] else t["id"] - 1 for t in tokens]
             labels = [t["deprel"] for t in tokens]
+            upos = [t["upos"] for t in tokens]
             scenes = derive_scenes(make_tree(words, heads, labels))
             members = by_scene(scenes)
             # every word is in a scene; every scene holds its clause head; parents precede children
@@ -85,7 +121,18 @@ def test_real_ud_trees() -> None:
                 # a word's own scene contains its head unless it heads a clause
                 if lab.split(":")[0] not in clauses | {"conj", "root"}:
                     assert any(i in ws and heads[i] in ws for ws in members)
-    assert n_relcl > 5 and n_multi > 50
+                # a conjunct with a determiner and no subject, copula or auxiliary is a noun:
+                # it never starts a scene ("he is the leader" with its own nsubj and cop does)
+                deps = {labels[d].split(":")[0] for d in range(len(words)) if heads[d] == i and d != i}
+                has_det = "det" in deps
+                if lab == "conj" and has_det and not deps & {"nsubj", "cop", "aux"}:
+                    n_noun_conj += 1
+                    assert any(i in ws and heads[i] in ws for ws in members), (words, i)
+                head_rel = "root" if heads[heads[i]] == heads[i] else labels[heads[i]].split(":")[0]
+                if lab == "conj" and upos[i] == "VERB" and not has_det and head_rel in clauses | {"root"}:
+                    n_verb_conj += 1
+                    assert not any(i in ws and heads[i] in ws for ws in members), (words, i)
+    assert n_relcl > 5 and n_multi > 50 and n_noun_conj > 10 and n_verb_conj > 20
 
 
 UCCA_XML = """<root passageID="1" annotationID="0">

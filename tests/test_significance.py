@@ -1,85 +1,181 @@
-"""Paired bootstrap, approximate randomisation and the sign test on cases with known answers."""
+"""sacreBLEU's paired tests as we call them, the seed verdict, the sign test, mean ± sd."""
 
 from __future__ import annotations
 
+import json
+import math
+import os
 import random
+import subprocess
+import sys
 
-import numpy as np
 import pytest
 from sacrebleu.metrics import BLEU
 
 from structnmt.errors import DataError
 from structnmt.evaluation.significance import (
-    _bleu_exp,
-    _Scorer,
-    approximate_randomisation,
+    compare_seeds,
+    format_mean_sd,
+    mean_sd,
     paired_bootstrap,
+    paired_tests,
     sign_test,
 )
 
+# hand-written: a reference, a baseline and two systems (one a line better, one far better)
+REF = """the cat sat on the mat
+a dog runs in the park
+the house at the corner is big
+it rains in the city today
+she reads a book in the garden
+two men play football on the grass
+a woman sells fruit at the market
+the children swim in the lake
+an old man walks with his dog
+a girl rides a red bicycle
+the bus stops in front of the school
+a boy throws a ball to his father
+people wait for the train
+the chef cooks soup in a large pot
+a cyclist climbs the steep hill
+the band plays music on the stage
+""".splitlines()
+BASE = """the cat sat on mat
+a dog run in the park
+the house on the corner is large
+it rains in city today
+she reads book in garden
+two man play football on grass
+a woman sell fruits at market
+the children swims in lake
+an old man walk with the dog
+a girl ride a red bike
+the bus stop in front of school
+a boy throw the ball to father
+people waits for train
+the cook cooks soup in big pot
+a cyclist climb the hill
+the band play music on stage
+""".splitlines()
+NEAR = BASE[:14] + ["a cyclist climbs the hill"] + BASE[15:]  # one line better
+GOOD = """the cat sat on the mat
+a dog runs in the park
+the house at the corner is big
+it rains in the city
+she reads a book in the garden
+two men play football on grass
+a woman sells fruit at the market
+the children swim in the lake
+an old man walks with the dog
+a girl rides a red bike
+the bus stops in front of the school
+a boy throws a ball to his father
+people wait for the train
+the cook cooks soup in a large pot
+a cyclist climbs the hill
+the band plays music on the stage
+""".splitlines()
 
-def corpus(n: int = 120, seed: int = 0) -> tuple[list[str], list[str], list[str]]:
-    """References, a noisy system A, and B = A with every sentence improved a little."""
+
+def cli(tmp_path, test: str, seed: int, n: int) -> list[dict]:
+    """sacreBLEU's own command line on the files, as a user would run it."""
+    names = {"ref": REF, "base": BASE, "near": NEAR, "good": GOOD}
+    for name, lines in names.items():
+        (tmp_path / name).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    env = {**os.environ, "SACREBLEU_SEED": str(seed)}
+    out = subprocess.run(
+        [sys.executable, "-m", "sacrebleu", "ref", "-i", "base", "near", "good", f"--paired-{test}",
+         f"--paired-{test}-n", str(n), "-m", "bleu", "-f", "json"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, check=True)
+    return [row["BLEU"] for row in json.loads(out.stdout)]
+
+
+@pytest.mark.parametrize("test, seed", [("bs", 12345), ("bs", 7), ("ar", 12345)])
+def test_p_values_equal_sacrebleus_command_line(tmp_path, test, seed):
+    expected = cli(tmp_path, test, seed, 1000)
+    ours = paired_tests(BASE, [NEAR, GOOD], [REF], test=test, n_samples=1000, seed=seed)
+    assert [r.baseline_score for r in ours] == [expected[0]["score"]] * 2
+    assert [r.system_score for r in ours] == [row["score"] for row in expected[1:]]
+    assert [r.p_value for r in ours] == [row["p_value"] for row in expected[1:]]
+    assert ours[1].p_value == pytest.approx(1 / 1001)  # far better: sacreBLEU's smallest p
+    if test == "bs":
+        assert ours[0].p_value > 0.05  # one line better on 16: the bootstrap cannot tell
+        assert [r.system_mean for r in ours] == [row["mean"] for row in expected[1:]]
+        # one system at a time gives the same as both at once (same resamples)
+        assert paired_bootstrap(BASE, NEAR, [REF], n_samples=1000, seed=seed).p_value == ours[0].p_value
+    else:
+        # approximate randomisation counts only shuffles strictly beyond the observed |delta|;
+        # with one differing line every shuffle ties, so sacreBLEU gives its smallest p
+        assert ours[0].p_value == pytest.approx(1 / 1001)
+
+
+def test_seed_is_restored_and_zero_refused(monkeypatch):
+    monkeypatch.setenv("SACREBLEU_SEED", "99")
+    paired_bootstrap(BASE, GOOD, [REF], n_samples=50, seed=3)
+    assert os.environ["SACREBLEU_SEED"] == "99"
+    monkeypatch.delenv("SACREBLEU_SEED")
+    paired_bootstrap(BASE, GOOD, [REF], n_samples=50, seed=3)
+    assert "SACREBLEU_SEED" not in os.environ
+    with pytest.raises(ValueError, match="positive"):
+        paired_bootstrap(BASE, GOOD, [REF], n_samples=50, seed=0)
+
+
+def test_direction_and_ter():
+    good = paired_bootstrap(BASE, GOOD, [REF], n_samples=300)
+    assert good.delta == pytest.approx(BLEU().corpus_score(GOOD, [REF]).score - BLEU().corpus_score(BASE, [REF]).score)
+    assert good.direction() == "better"
+    assert paired_bootstrap(GOOD, BASE, [REF], n_samples=300).direction() == "worse"
+    assert paired_bootstrap(BASE, NEAR, [REF], n_samples=300).direction() == "no significant difference"
+    # identical outputs: sacreBLEU's strict count gives its smallest p, but there is no difference
+    same = paired_bootstrap(BASE, BASE, [REF], n_samples=300)
+    assert same.p_value == pytest.approx(1 / 301) and same.direction() == "no significant difference"
+    ter = paired_bootstrap(BASE, GOOD, [REF], metric="ter", n_samples=300)
+    assert ter.delta < 0 and ter.direction() == "better"  # lower TER is better
+
+
+def noisy(refs: list[str], wrong: int, seed: int) -> list[str]:
+    """Each reference with ``wrong`` of its words replaced: a system of a given quality."""
     rng = random.Random(seed)
-    vocab = "the a cat dog sat ran on under mat house red big small".split()
-    refs = [" ".join(rng.choices(vocab, k=rng.randint(5, 12))) for _ in range(n)]
-    a, b = [], []
+    out = []
     for ref in refs:
         words = ref.split()
-        wrong = rng.sample(range(len(words)), k=3)
-        a.append(" ".join("xx" if i in wrong else w for i, w in enumerate(words)))
-        b.append(" ".join("xx" if i in wrong[:1] else w for i, w in enumerate(words)))
-    return refs, a, b
+        bad = set(rng.sample(range(len(words)), k=min(wrong, len(words) - 1)))
+        out.append(" ".join("xx" if i in bad else w for i, w in enumerate(words)))
+    return out
 
 
-def test_vectorised_bleu_equals_sacrebleu_on_resampled_statistics():
-    refs, a, _ = corpus()
-    scorer = _Scorer("bleu")
-    stats = scorer.stats(a, [refs])
-    rng = np.random.default_rng(1)
-    rows = np.stack([rng.multinomial(k, np.full(len(a), 1 / len(a))) for k in (1, 2, 5, 50, 120)]) @ stats
-    expected = [BLEU()._compute_score_from_stats(row.tolist()).score for row in rows]
-    assert _bleu_exp(rows, 4) == pytest.approx(expected, abs=1e-9)
+@pytest.fixture(scope="module")
+def big_refs() -> list[str]:
+    rng = random.Random(0)
+    vocab = "the a cat dog sat ran on under mat house red big small green tree river".split()
+    return [" ".join(rng.choices(vocab, k=rng.randint(7, 12))) for _ in range(150)]
 
 
-def test_identical_systems():
-    refs, a, _ = corpus()
-    boot = paired_bootstrap(a, a, [refs], n_samples=300)
-    assert boot.delta == 0 and boot.mean_delta == 0
-    assert boot.p_value == pytest.approx(1.0)
-    ar = approximate_randomisation(a, a, [refs], n_samples=300)
-    assert ar.p_value == pytest.approx(1.0)
+def test_seed_verdicts(big_refs):
+    baseline = [noisy(big_refs, 3, s) for s in (1, 2, 3)]
+    better = [noisy(big_refs, 1, s) for s in (4, 5)]  # two seeds against three: counts may differ
+    result = compare_seeds(better, baseline, [big_refs], n_samples=200)
+    assert result.verdict == "better" and len(result.pairs) == 6
+    assert {(s, b) for s, b, _ in result.pairs} == {(s, b) for s in range(2) for b in range(3)}
+    assert all(r.p_value < 0.05 for _, _, r in result.pairs)
+    assert result.system_scores == [BLEU().corpus_score(h, [big_refs]).score for h in better]
+    assert "every seed pair" in result.rule and "200 resamples" in result.rule
+    assert compare_seeds(baseline, better, [big_refs], n_samples=200).verdict == "worse"
+    # one system seed as good as the baseline: not every pair is better
+    mixed = compare_seeds([better[0], noisy(big_refs, 3, 9)], baseline, [big_refs], n_samples=200)
+    assert mixed.verdict == "no significant difference"
+    assert mixed.summary().endswith(": no significant difference")
+    assert mixed.summary().startswith("system ") and "(2 seeds) vs baseline" in mixed.summary()
 
 
-def test_system_better_on_every_sentence():
-    refs, a, b = corpus()
-    boot = paired_bootstrap(a, b, [refs], n_samples=1000, seed=3)
-    assert boot.score_b > boot.score_a
-    assert boot.score_a == pytest.approx(BLEU().corpus_score(a, [refs]).score)
-    assert boot.p_value < 0.01
-    assert boot.ci_low <= boot.delta <= boot.ci_high
-    assert boot.ci_low > 0
-    ar = approximate_randomisation(a, b, [refs], n_samples=1000, seed=3)
-    assert ar.p_value < 0.01 and ar.delta == pytest.approx(boot.delta)
-    # the other way round, B is never better than A
-    assert paired_bootstrap(b, a, [refs], n_samples=200).p_value > 0.99
-
-
-def test_bootstrap_is_reproducible_and_seeded():
-    refs, a, b = corpus(40)
-    b = b[:20] + a[20:]
-    one = paired_bootstrap(a, b, [refs], n_samples=200, seed=7)
-    two = paired_bootstrap(a, b, [refs], n_samples=200, seed=7)
-    assert one == two
-    assert paired_bootstrap(a, b, [refs], n_samples=200, seed=8).ci_low != one.ci_low
-
-
-def test_ter_direction_and_chrf():
-    refs, a, b = corpus()
-    ter = paired_bootstrap(a, b, [refs], metric="ter", n_samples=200)
-    assert ter.delta < 0 and ter.p_value < 0.01  # lower TER is better
-    chrf = paired_bootstrap(a, b, [refs], metric="chrf", n_samples=200)
-    assert chrf.delta > 0 and chrf.p_value < 0.01
+def test_mean_sd():
+    assert mean_sd([1.0, 2.0, 3.0]) == (2.0, 1.0)
+    mean, sd = mean_sd([36.42])
+    assert mean == 36.42 and math.isnan(sd)
+    assert format_mean_sd([36.0, 37.0, 38.0]) == "37.00 ± 1.00 (3 seeds)"
+    assert format_mean_sd([36.42]) == "36.42 (1 seed)"
+    with pytest.raises(ValueError):
+        mean_sd([])
 
 
 def test_sign_test_values():
@@ -92,8 +188,7 @@ def test_sign_test_values():
 
 
 def test_mismatched_systems_are_an_error():
-    refs, a, b = corpus(10)
-    with pytest.raises(DataError, match="system A has 10 hypotheses but system B has 9"):
-        paired_bootstrap(a, b[:9], [refs])
+    with pytest.raises(DataError, match="the baseline has 16 hypotheses but system 1 has 15"):
+        paired_bootstrap(BASE, GOOD[:15], [REF])
     with pytest.raises(DataError, match="reference stream 1"):
-        paired_bootstrap(a, b, [refs[:9]])
+        paired_bootstrap(BASE, GOOD, [REF[:15]])

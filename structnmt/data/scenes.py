@@ -19,10 +19,20 @@ from structnmt.errors import DataError
 CLAUSE_RELATIONS = frozenset({"ccomp", "xcomp", "advcl", "acl", "parataxis"})
 #: relations whose head noun is shared with the clause (the relativised 'dog')
 RELATIVE_RELATIONS = frozenset({"acl"})
+#: dependents that UD attaches to predicates (verbs, copular predicates), never to nominals
+PREDICATE_DEPENDENTS = frozenset({"nsubj", "csubj", "aux", "cop", "expl", "obj", "iobj", "obl",
+                                  "ccomp", "xcomp", "advcl", "mark", "compound:prt"})
+#: dependents that UD attaches to nominals, never to predicates
+NOMINAL_DEPENDENTS = frozenset({"det", "amod", "nmod", "nummod", "case", "appos", "clf", "acl"})
 
 
 def _base(label: str) -> str:
     return label.split(":", 1)[0].lower()
+
+
+def _kind(label: str) -> str:
+    """The relation as the dependent sets above name it: ``compound:prt`` whole, others by base."""
+    return "compound:prt" if label.lower().startswith("compound:prt") else _base(label)
 
 
 def _top_down(heads: list[int]) -> list[int]:
@@ -42,30 +52,50 @@ def _top_down(heads: list[int]) -> list[int]:
     return order
 
 
-def derive_scenes(tree: DepTree) -> Scenes:
-    """Scenes of a UD tree (METHODS.md "Scenes").
+def clause_heads(tree: DepTree) -> list[bool]:
+    """Which words start a scene (METHODS.md "Scenes"): the root, dependents by a clause
+    relation, and conjuncts of a clause head that are predicates themselves.
 
-    A clause head is the root or a dependent by ccomp, xcomp, advcl, acl (acl:relcl ...) or
-    parataxis, or a ``conj`` of a clause head: with labels only, "a conj of a verb" is read
-    as "coordinated with a clause" ("came and saw"), while coordinated nouns stay in their
-    clause. Each clause head's scene holds its subtree minus nested clause heads' subtrees;
-    the noun an acl clause modifies is in both its own scene and the clause's. Scenes are
-    numbered top-down (root scene 0), so a scene's parent always has a smaller number.
+    "A conj of a verb" must be decided from the tree's relations alone: trees carry no part of
+    speech (stored datasets, CoNLL-U without UPOS, every parser back end alike), and one rule
+    for all keeps scenes identical however a tree was made. A conjunct is a predicate when it
+    has a dependent UD gives only predicates (nsubj, aux, cop, obj, obl, mark, ...); otherwise
+    when its first conjunct is a predicate and it has no dependent UD gives only nominals
+    (det, amod, nmod, case, ...): "came and saw" is two scenes, "a man and a woman sitting"
+    one, whether "man" is the root or not. Copular predicates count ("is tall and thin":
+    UCCA's states are scenes too). docs/methods_source.md gives the agreement with UPOS.
     """
     tree.check()
     heads = list(tree.heads)
-    order = _top_down(heads)
+    kinds: list[set[str]] = [set() for _ in heads]
+    for w, h in enumerate(heads):
+        if h != w:
+            kinds[h].add(_kind(tree.labels[w]))
+    predicate = [False] * len(heads)
     is_head = [False] * len(heads)
-    for w in order:
-        rel = _base(tree.labels[w])
-        h = heads[w]
-        is_head[w] = h == w or rel in CLAUSE_RELATIONS or (rel == "conj" and is_head[h])
+    for w in _top_down(heads):
+        h, rel = heads[w], _base(tree.labels[w])
+        own = bool(kinds[w] & PREDICATE_DEPENDENTS)
+        if rel == "conj" and h != w:
+            predicate[w] = own or (predicate[h] and not kinds[w] & NOMINAL_DEPENDENTS)
+        else:
+            predicate[w] = own or rel in CLAUSE_RELATIONS or rel == "csubj"
+        is_head[w] = h == w or rel in CLAUSE_RELATIONS or (rel == "conj" and is_head[h] and predicate[w])
+    return is_head
+
+
+def scenes_from_clause_heads(tree: DepTree, is_head: list[bool]) -> Scenes:
+    """Each clause head's scene holds its subtree minus nested clause heads' subtrees; the
+    noun an acl clause modifies is in both its own scene and the clause's. Scenes are
+    numbered top-down (root scene 0), so a scene's parent always has a smaller number."""
+    heads = list(tree.heads)
+    order = _top_down(heads)
     scene_of: dict[int, int] = {}  # clause-head word -> scene number
     owner = [0] * len(heads)  # word -> its (primary) scene
     parent: list[int] = []
     for w in order:
         h = heads[w]
-        if is_head[w]:
+        if is_head[w] or h == w:
             scene_of[w] = len(parent)
             parent.append(-1 if h == w else owner[h])
             owner[w] = scene_of[w]
@@ -76,6 +106,11 @@ def derive_scenes(tree: DepTree) -> Scenes:
         if heads[w] != w and _base(tree.labels[w]) in RELATIVE_RELATIONS:
             members.add((heads[w], s))
     return Scenes(members=sorted(members), parent=parent, source="dependency")
+
+
+def derive_scenes(tree: DepTree) -> Scenes:
+    """Scenes of a UD tree (METHODS.md "Scenes"): a scene per clause head (``clause_heads``)."""
+    return scenes_from_clause_heads(tree, clause_heads(tree))
 
 
 # ---------------------------------------------------------------------------

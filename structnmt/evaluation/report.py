@@ -3,9 +3,10 @@
 Each run directory holds ``run.json`` (command, versions, parameter count, method list),
 ``log.jsonl`` (training log) and ``eval/<testset>.{hyp,ref,src,json}``. The table has one
 row per run and BLEU / chrF per test set; a dagger marks a BLEU score significantly better
-than the baseline run's on the same test set (paired bootstrap, p < 0.05, computed here from
-the ``.hyp``/``.ref`` files so the mark never depends on a number copied by hand). Below the
-table come the commands and library versions that produced each run.
+than the baseline run's on the same test set, a double dagger one significantly worse
+(sacreBLEU's paired bootstrap, two-sided p < 0.05, computed here from the ``.hyp``/``.ref``
+files so the mark never depends on a number copied by hand). Below the table come the
+commands and library versions that produced each run.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from structnmt.evaluation.significance import paired_bootstrap
 from structnmt.io import atomic_write_text
 
 SIGNIFICANT = "†"
+SIGNIFICANTLY_WORSE = "‡"
 ALPHA = 0.05
 VERSION_KEYS = ("python", "torch", "sacrebleu", "structnmt")
 
@@ -164,7 +166,7 @@ def build_report(
                     raise DataError(f"run {run.name} and baseline {base.name} have different references "
                                     f"for test set {t!r}", run.path / "eval" / f"{t}.ref")
                 result = paired_bootstrap(base_hyps, hyps, refs, n_samples=n_samples, seed=seed)
-                mark = SIGNIFICANT if result.p_value < ALPHA else ""
+                mark = {"better": SIGNIFICANT, "worse": SIGNIFICANTLY_WORSE}.get(result.direction(ALPHA), "")
             row += [f"{scores['bleu']:.2f}{mark}", f"{scores['chrf']:.2f}"]
         row += [_format_params(run.info.get("parameters")),
                 f"{run.speed:,.0f}" if run.speed is not None else "–"]
@@ -174,8 +176,9 @@ def build_report(
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     lines.append("")
     if base is not None:
-        lines.append(f"{SIGNIFICANT}: BLEU better than the baseline ({base.name}) with p < {ALPHA} "
-                     f"(paired bootstrap, {n_samples} samples, seed {seed}).")
+        lines.append(f"{SIGNIFICANT} / {SIGNIFICANTLY_WORSE}: BLEU better / worse than the baseline "
+                     f"({base.name}) with p < {ALPHA} (sacreBLEU paired bootstrap, two-sided, "
+                     f"{n_samples} resamples, seed {seed}).")
         lines.append("")
     signatures = sorted({sig for run in runs for t in test_sets if (sig := run.bleu_signature(t))})
     if signatures:

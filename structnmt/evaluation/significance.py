@@ -1,185 +1,167 @@
-"""Significance tests for comparing two systems (and many test sets).
+"""Significance of a system against a baseline: sacreBLEU's paired tests, and what it lacks.
 
-* :func:`paired_bootstrap` — Koehn (2004): resample test sentences with replacement and
-  count how often system B fails to beat system A.
-* :func:`approximate_randomisation` — Riezler & Maxwell (2005): randomly swap the two
-  systems' outputs sentence by sentence and count how often the difference is as large as the
-  one observed.
-* :func:`sign_test` — across test sets: an exact two-sided binomial test on wins/losses.
+The paired tests are sacreBLEU's own (``sacrebleu.significance.PairedTest``, what
+``sacrebleu REF -i BASE SYS --paired-bs`` / ``--paired-ar`` run), so a p-value here is the
+one its command line prints for the same files and seed:
 
-Corpus metrics (BLEU, chrF, TER) are not averages of sentence scores, so each sample is
-scored from *summed sufficient statistics*: sacreBLEU's per-sentence statistics are extracted
-once, and a sample's corpus statistics are a (count-weighted) sum of them, computed for all
-samples at once with one matrix product. BLEU is then computed vectorised; chrF and TER go
-through sacreBLEU's own ``_compute_score_from_stats`` per sample (cheap: no text is touched).
+* paired bootstrap resampling (Koehn 2004, as Moses' ``bootstrap-hypothesis-difference-
+  significance.pl``): ``p = (1 + #resamples whose centred |delta| exceeds the observed
+  |delta|) / (n + 1)``;
+* approximate randomisation (Riezler & Maxwell 2005): sentence outputs of the two systems
+  swapped at random, ``p = (1 + #trials with |delta| > observed |delta|) / (n + 1)``.
 
-Conventions: ``delta = score(B) − score(A)``; A is the baseline. "B better" means a higher
-score, except for TER where lower is better.
+Both are **two-sided**: a small p says the systems differ; the sign of ``delta`` says which
+way. Both count only samples *strictly* beyond the observed difference (as MultEval, which
+sacreBLEU follows), so ties never count: identical outputs, or outputs differing in a single
+sentence under randomisation, get sacreBLEU's smallest p, ``1 / (n + 1)`` (the MultEval report
+jhclark/multeval#5). :meth:`PairedResult.direction` calls a zero delta no difference; with
+real test sets, where many sentences differ, exact ties are rare.
+
+What sacreBLEU does not have is here: the sign test across test sets, combining several
+training seeds of each system into one verdict (:func:`compare_seeds`), and mean ± sd.
+
+Conventions: the baseline comes first; ``delta = score(system) − score(baseline)``; "better"
+means a higher score, except for TER where lower is better.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+import os
+import statistics
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Literal
 
-import numpy as np
+from sacrebleu.significance import PairedTest
 
 from structnmt.errors import DataError
 from structnmt.evaluation.scores import make_metric
 
-_CHUNK = 200  # samples scored per matrix product (bounds memory for large test sets)
+TestType = Literal["bs", "ar"]
+Verdict = Literal["better", "worse", "no significant difference"]
 
 
 @dataclass
 class PairedResult:
-    metric: str
-    score_a: float
-    score_b: float
-    delta: float  # observed score_b - score_a
-    p_value: float
+    """One system against the baseline on one test set (sacreBLEU's numbers)."""
+
+    metric: str  # sacreBLEU's name of the metric: BLEU, chrF2, TER
+    test: TestType  # "bs" paired bootstrap, "ar" approximate randomisation
+    baseline_score: float
+    system_score: float
+    p_value: float  # two-sided
     n_samples: int
-    mean_delta: float | None = None  # bootstrap only
-    ci_low: float | None = None  # bootstrap only: 2.5th percentile of the sampled deltas
-    ci_high: float | None = None  # bootstrap only: 97.5th percentile
+    seed: int
+    higher_is_better: bool = True
+    system_mean: float | None = None  # paired bootstrap: the system's mean over the resamples
+    system_ci: float | None = None  # and the half-width of its 95% interval
+
+    @property
+    def delta(self) -> float:
+        return self.system_score - self.baseline_score
+
+    def direction(self, alpha: float = 0.05) -> Verdict:
+        """"better" / "worse" when p < alpha and the score moved that way, else no difference."""
+        if self.p_value >= alpha or self.delta == 0:
+            return "no significant difference"
+        return "better" if (self.delta > 0) == self.higher_is_better else "worse"
 
     def as_dict(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "delta": self.delta}
 
 
-class _Scorer:
-    """Per-sentence sufficient statistics of one metric, and corpus scores of summed stats."""
-
-    def __init__(self, metric: str, tokenize: str | None = None):
-        if metric not in ("bleu", "chrf", "ter"):
-            raise ValueError(f"significance tests support bleu, chrf and ter, not {metric!r}")
-        self.name = metric
-        self.metric = make_metric(metric, tokenize)
-        self.higher_is_better = metric != "ter"
-
-    def stats(self, hyps: Sequence[str], refs: Sequence[Sequence[str]]) -> np.ndarray:
-        for k, ref in enumerate(refs):
-            if len(ref) != len(hyps):
-                raise DataError(f"{len(hyps)} hypotheses but {len(ref)} lines in reference stream {k + 1}")
-        stats = self.metric._extract_corpus_statistics(list(hyps), [list(r) for r in refs])
-        return np.asarray(stats, dtype=np.float64)
-
-    def scores(self, summed: np.ndarray) -> np.ndarray:
-        """Corpus scores of each row of summed statistics, shape (S, k) -> (S,)."""
-        summed = np.atleast_2d(summed)
-        if self.name == "bleu" and self.metric.smooth_method == "exp" and not self.metric.effective_order:
-            return _bleu_exp(summed, self.metric.max_ngram_order)
-        return np.array([self.metric._compute_score_from_stats(row.tolist()).score for row in summed])
+@contextlib.contextmanager
+def _sacrebleu_seed(seed: int) -> Iterator[None]:
+    """sacreBLEU's paired tests read their seed from ``SACREBLEU_SEED`` (its command line's only
+    seed option); set it for the duration of one test and restore what was there."""
+    if seed <= 0:
+        # sacreBLEU treats a seed of 0 as "not fixed" (it draws fresh entropy): refuse it
+        raise ValueError(f"the significance seed must be a positive integer, got {seed}")
+    old = os.environ.get("SACREBLEU_SEED")
+    os.environ["SACREBLEU_SEED"] = str(seed)
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ["SACREBLEU_SEED"]
+        else:
+            os.environ["SACREBLEU_SEED"] = old
 
 
-def _bleu_exp(stats: np.ndarray, order: int) -> np.ndarray:
-    """sacreBLEU's corpus BLEU (default 'exp' smoothing) for many stat rows at once.
-
-    Rows hold ``[sys_len, ref_len, correct_1..n, total_1..n]``. Mirrors
-    ``BLEU.compute_bleu``: the m-th order with zero matches gets precision
-    ``100 / (2^m · total)``; an order with no n-grams at all, or no match of any order, gives 0.
-    """
-    sys_len, ref_len = stats[:, 0], stats[:, 1]
-    correct, total = stats[:, 2:2 + order], stats[:, 2 + order:2 + 2 * order]
-    zero = correct == 0
-    halvings = np.cumsum(zero, axis=1)
-    safe_total = np.where(total > 0, total, 1.0)
-    precision = np.where(zero, 100.0 / (2.0 ** halvings * safe_total), 100.0 * correct / safe_total)
-    log_mean = np.log(precision).mean(axis=1)
-    with np.errstate(divide="ignore", over="ignore"):
-        bp = np.where(sys_len < ref_len, np.exp(1.0 - ref_len / np.where(sys_len > 0, sys_len, 1.0)), 1.0)
-    bp = np.where(sys_len > 0, bp, 0.0)
-    score = bp * np.exp(log_mean)
-    degenerate = (total == 0).any(axis=1) | (correct.sum(axis=1) == 0)
-    return np.where(degenerate, 0.0, score)
-
-
-def _check_pair(hyps_a: Sequence[str], hyps_b: Sequence[str]) -> None:
-    if len(hyps_a) != len(hyps_b):
-        raise DataError(f"system A has {len(hyps_a)} hypotheses but system B has {len(hyps_b)}")
-    if not hyps_a:
+def _check(baseline: Sequence[str], systems: Sequence[Sequence[str]], refs: Sequence[Sequence[str]]) -> None:
+    if not baseline:
         raise DataError("no sentences to compare")
+    for k, hyps in enumerate(systems, 1):
+        if len(hyps) != len(baseline):
+            raise DataError(f"the baseline has {len(baseline)} hypotheses but system {k} has {len(hyps)}")
+    for k, ref in enumerate(refs, 1):
+        if len(ref) != len(baseline):
+            raise DataError(f"{len(baseline)} hypotheses but {len(ref)} lines in reference stream {k}")
 
 
-def paired_bootstrap(
-    hyps_a: Sequence[str],
-    hyps_b: Sequence[str],
+def paired_tests(
+    baseline: Sequence[str],
+    systems: Sequence[Sequence[str]],
     refs: Sequence[Sequence[str]],
     metric: str = "bleu",
+    test: TestType = "bs",
     n_samples: int = 1000,
     seed: int = 12345,
     tokenize: str | None = None,
-) -> PairedResult:
-    """Paired bootstrap resampling (Koehn 2004): is B better than baseline A?
+) -> list[PairedResult]:
+    """Each of ``systems`` against ``baseline`` with sacreBLEU's paired test, one call.
 
-    Draws ``n_samples`` test sets of the same size with replacement (the same draw for both
-    systems) and scores both on each. ``p_value = (#samples where B is not better + 1) /
-    (n_samples + 1)``, the one-sided test with the usual +1 correction, so it is never 0.
-    The 95% interval is the percentile interval of the sampled deltas.
+    ``refs`` are sacreBLEU's reference streams (``[ref_lines]`` for one reference). All
+    systems share the seed, so they are tested on the same resamples (or swaps), exactly as
+    ``sacrebleu REF -i BASE SYS1 SYS2 --paired-bs --paired-bs-n N`` with ``SACREBLEU_SEED``.
     """
-    _check_pair(hyps_a, hyps_b)
-    scorer = _Scorer(metric, tokenize)
-    stats_a, stats_b = scorer.stats(hyps_a, refs), scorer.stats(hyps_b, refs)
-    score_a = float(scorer.scores(stats_a.sum(0))[0])
-    score_b = float(scorer.scores(stats_b.sum(0))[0])
-    n = len(hyps_a)
-    rng = np.random.default_rng(seed)
-    deltas = np.empty(n_samples)
-    for start in range(0, n_samples, _CHUNK):
-        size = min(_CHUNK, n_samples - start)
-        counts = rng.multinomial(n, np.full(n, 1.0 / n), size=size).astype(np.float64)
-        deltas[start:start + size] = scorer.scores(counts @ stats_b) - scorer.scores(counts @ stats_a)
-    not_better = deltas <= 0 if scorer.higher_is_better else deltas >= 0
-    low, high = np.percentile(deltas, [2.5, 97.5])
-    return PairedResult(
-        metric=metric, score_a=score_a, score_b=score_b, delta=score_b - score_a,
-        p_value=float((not_better.sum() + 1) / (n_samples + 1)), n_samples=n_samples,
-        mean_delta=float(deltas.mean()), ci_low=float(low), ci_high=float(high),
-    )
+    if test not in ("bs", "ar"):
+        raise ValueError(f"test must be 'bs' or 'ar', not {test!r}")
+    if metric not in ("bleu", "chrf", "ter"):
+        raise ValueError(f"significance tests support bleu, chrf and ter, not {metric!r}")
+    if not systems:
+        return []
+    _check(baseline, systems, refs)
+    named = [("baseline", list(baseline))] + [(f"system {k}", list(h)) for k, h in enumerate(systems, 1)]
+    refs = [list(r) for r in refs]
+    with _sacrebleu_seed(seed):
+        paired = PairedTest(named, {metric: make_metric(metric, tokenize)}, references=refs,
+                            test_type=test, n_samples=n_samples)
+        _signatures, table = paired()
+    [name] = [k for k in table if k != "System"]
+    base, *results = table[name]
+    return [PairedResult(metric=name, test=test, baseline_score=float(base.score), system_score=float(r.score),
+                         p_value=float(r.p_value), n_samples=paired.n_samples, seed=seed,
+                         higher_is_better=metric != "ter",
+                         system_mean=float(r.mean) if r.mean is not None else None,
+                         system_ci=float(r.ci) if r.ci is not None else None)
+            for r in results]
 
 
-def approximate_randomisation(
-    hyps_a: Sequence[str],
-    hyps_b: Sequence[str],
-    refs: Sequence[Sequence[str]],
-    metric: str = "bleu",
-    n_samples: int = 1000,
-    seed: int = 12345,
-    tokenize: str | None = None,
-) -> PairedResult:
-    """Approximate randomisation (Riezler & Maxwell 2005), two-sided.
+def paired_bootstrap(baseline: Sequence[str], system: Sequence[str], refs: Sequence[Sequence[str]],
+                     metric: str = "bleu", n_samples: int = 1000, seed: int = 12345,
+                     tokenize: str | None = None) -> PairedResult:
+    """sacreBLEU's paired bootstrap resampling of one system against the baseline."""
+    return paired_tests(baseline, [system], refs, metric, "bs", n_samples, seed, tokenize)[0]
 
-    Under the null hypothesis the two systems are exchangeable, so each sentence's pair of
-    outputs is swapped with probability 0.5; ``p = (#shuffles with |delta| >= |observed| + 1)
-    / (n_samples + 1)``.
-    """
-    _check_pair(hyps_a, hyps_b)
-    scorer = _Scorer(metric, tokenize)
-    stats_a, stats_b = scorer.stats(hyps_a, refs), scorer.stats(hyps_b, refs)
-    sum_a, sum_b = stats_a.sum(0), stats_b.sum(0)
-    score_a, score_b = float(scorer.scores(sum_a)[0]), float(scorer.scores(sum_b)[0])
-    observed = abs(score_b - score_a)
-    diff = stats_b - stats_a
-    rng = np.random.default_rng(seed)
-    count = 0
-    for start in range(0, n_samples, _CHUNK):
-        size = min(_CHUNK, n_samples - start)
-        swap = (rng.random((size, len(hyps_a))) < 0.5).astype(np.float64)
-        moved = swap @ diff  # what swapping moves from B's sums to A's
-        shuffled = np.abs(scorer.scores(sum_b - moved) - scorer.scores(sum_a + moved))
-        # a tiny tolerance so that exact ties (identical systems) count as "as large"
-        count += int((shuffled >= observed - 1e-9).sum())
-    return PairedResult(
-        metric=metric, score_a=score_a, score_b=score_b, delta=score_b - score_a,
-        p_value=(count + 1) / (n_samples + 1), n_samples=n_samples,
-    )
+
+def approximate_randomisation(baseline: Sequence[str], system: Sequence[str], refs: Sequence[Sequence[str]],
+                              metric: str = "bleu", n_samples: int = 10000, seed: int = 12345,
+                              tokenize: str | None = None) -> PairedResult:
+    """sacreBLEU's paired approximate randomisation of one system against the baseline."""
+    return paired_tests(baseline, [system], refs, metric, "ar", n_samples, seed, tokenize)[0]
+
+
+# ---------------------------------------------------------------------------
+# what sacreBLEU lacks
 
 
 def sign_test(wins: int, losses: int) -> float:
-    """Exact two-sided sign test: p of a win/loss split at least this uneven under p=0.5.
-
-    Ties are left out before calling (the usual convention). E.g. 5 wins, 0 losses:
-    ``2 · 0.5^5 = 0.0625``.
+    """Exact two-sided sign test across test sets: p of a win/loss split at least this uneven
+    under p = 0.5. Ties are left out before calling (the usual convention). E.g. 5 wins,
+    0 losses: ``2 · 0.5^5 = 0.0625``.
     """
     if wins < 0 or losses < 0:
         raise ValueError("wins and losses must not be negative")
@@ -189,3 +171,81 @@ def sign_test(wins: int, losses: int) -> float:
     k = min(wins, losses)
     tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
     return min(1.0, 2.0 * tail)
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (n − 1); the sd of a single value is NaN, not 0:
+    one seed says nothing about the spread."""
+    if not values:
+        raise ValueError("no values")
+    sd = statistics.stdev(values) if len(values) > 1 else math.nan
+    return statistics.fmean(values), sd
+
+
+def format_mean_sd(values: Sequence[float], digits: int = 2) -> str:
+    """``"36.42 ± 0.31 (3 seeds)"``; ``"36.42 (1 seed)"`` for one value."""
+    mean, sd = mean_sd(values)
+    n = len(values)
+    spread = "" if math.isnan(sd) else f" ± {sd:.{digits}f}"
+    return f"{mean:.{digits}f}{spread} ({n} seed{'s' if n != 1 else ''})"
+
+
+#: how :func:`compare_seeds` decides; returned with every verdict, for reports
+SEED_RULE = ("better: every seed pair (each system seed against each baseline seed) has the system above "
+             "the baseline with p < {alpha} (sacreBLEU paired bootstrap, {n} resamples, seed {seed}, "
+             "two-sided); worse: every pair has it below with p < {alpha}; otherwise no significant "
+             "difference.")
+
+
+@dataclass
+class SeedComparison:
+    """A system's seeds against a baseline's seeds on one test set."""
+
+    verdict: Verdict
+    rule: str  # the rule that gave the verdict, in words
+    pairs: list[tuple[int, int, PairedResult]]  # (system seed index, baseline seed index, result)
+    system_scores: list[float] = field(default_factory=list)
+    baseline_scores: list[float] = field(default_factory=list)
+
+    def summary(self) -> str:
+        """One line for a report: both means ± sd and the verdict."""
+        return (f"system {format_mean_sd(self.system_scores)} vs baseline "
+                f"{format_mean_sd(self.baseline_scores)}: {self.verdict}")
+
+
+def compare_seeds(
+    system_runs: Sequence[Sequence[str]],
+    baseline_runs: Sequence[Sequence[str]],
+    refs: Sequence[Sequence[str]],
+    metric: str = "bleu",
+    n_samples: int = 1000,
+    seed: int = 12345,
+    alpha: float = 0.05,
+    tokenize: str | None = None,
+) -> SeedComparison:
+    """Is a system better than the baseline on one test set, over training seeds?
+
+    ``system_runs`` and ``baseline_runs`` hold one hypothesis list per training seed; the
+    counts may differ. Every system seed is tested against every baseline seed with
+    sacreBLEU's paired bootstrap (same resamples for all pairs). The verdict follows
+    :data:`SEED_RULE`: "better" only if *every* pair is significantly better, "worse" only if
+    every pair is significantly worse, else "no significant difference". Requiring all pairs
+    is an intersection-union test, so a "better" verdict is wrong at most ``alpha`` of the
+    time when the system is not better; the price is power: one unlucky seed pair is enough
+    to withhold the verdict. With one seed on each side it is the plain paired bootstrap.
+    """
+    if not system_runs or not baseline_runs:
+        raise DataError("need at least one seed of the system and one of the baseline")
+    pairs: list[tuple[int, int, PairedResult]] = []
+    for b, base in enumerate(baseline_runs):
+        results = paired_tests(base, system_runs, refs, metric, "bs", n_samples, seed, tokenize)
+        pairs += [(s, b, r) for s, r in enumerate(results)]
+    directions = {r.direction(alpha) for _, _, r in pairs}
+    verdict: Verdict = directions.pop() if len(directions) == 1 else "no significant difference"
+    first_per_system = {s: r.system_score for s, _, r in pairs}
+    first_per_baseline = {b: r.baseline_score for _, b, r in pairs}
+    return SeedComparison(
+        verdict=verdict, rule=SEED_RULE.format(alpha=alpha, n=n_samples, seed=seed), pairs=pairs,
+        system_scores=[first_per_system[s] for s in range(len(system_runs))],
+        baseline_scores=[first_per_baseline[b] for b in range(len(baseline_runs))],
+    )
