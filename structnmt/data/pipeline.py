@@ -130,8 +130,7 @@ class Preprocessor:
                     self._shared[side] = make_parser(cfg, split, self.data.processes, where)  # type: ignore
                 parser = self._shared[side]
                 if self.cache_dir is not None:
-                    parser = CachedParser(parser, self.cache_dir / side, split,
-                                          (self.identity(side) or {}).get("digest"))
+                    parser = CachedParser(parser, self.cache_dir / side, (self.identity(side) or {}).get("digest"))
             assert parser is not None
             self._parsers[key] = parser
         return self._parsers[key]
