@@ -14,7 +14,6 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
@@ -24,6 +23,7 @@ import numpy as np
 from structnmt.data.example import Example, Side
 from structnmt.data.structures import project
 from structnmt.errors import DataError
+from structnmt.io import make_temp_dir
 
 SIDES = ("src", "tgt")
 #: dtype and per-item shape of every stored field
@@ -183,7 +183,7 @@ class DatasetWriter:
             raise ValueError(f"label vocabulary must start with {NO_LABEL!r}")
         self._label_ids = {lab: i for i, lab in enumerate(self.labels)}
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{split}.", suffix=".tmp", dir=self.dir))
+        self.tmp = make_temp_dir(prefix=f".{split}.", suffix=".tmp", dir=self.dir)
         self.sinks: dict[str, _RaggedSink] = {}
         self.raw_files: dict[str, object] = {}
         self.sides: tuple[str, ...] | None = None

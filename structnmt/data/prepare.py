@@ -30,7 +30,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -40,7 +39,7 @@ from structnmt.data.identity import check_unchanged
 from structnmt.data.pipeline import SIDES
 from structnmt.data.stream import assemble, encode_shard, make_plan, task_tag
 from structnmt.errors import ConfigError, StructNMTError
-from structnmt.io import atomic_write_text
+from structnmt.io import atomic_write_text, make_temp_dir
 from structnmt.locks import DirectoryLock
 
 FORMAT_VERSION = 1
@@ -161,7 +160,7 @@ def _finish(data: DataConfig, plan: dict, plan_dir: Path, shards: list[tuple[Pat
 def _build_and_swap(out: Path, data: DataConfig, verbose: bool, build) -> Path:
     """``build(data, tmp, verbose) -> meta`` in a temporary directory beside ``out``, then swap it in."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp = make_temp_dir(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     try:
         meta = build(data, tmp, verbose)
         atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
@@ -263,7 +262,7 @@ def prepare_subwords(cfg: ExperimentConfig, force: bool = False, verbose: bool =
                         if verbose:
                             print(f"{final}: {err}; making a new plan")
             work.mkdir(parents=True, exist_ok=True)
-            tmp = Path(tempfile.mkdtemp(prefix=".plan.", suffix=".tmp", dir=work))
+            tmp = make_temp_dir(prefix=".plan.", suffix=".tmp", dir=work)
             try:
                 make_plan(data, tmp, cache_dir_of(data), verbose)
                 if final.exists():
@@ -337,7 +336,7 @@ def prepare_shard(cfg: ExperimentConfig, index: int, count: int, verbose: bool =
                 if verbose:
                     print(f"{final}: already encoded")
                 return final
-            tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+            tmp = make_temp_dir(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
             try:
                 encode_shard(data, plan, plan_dir, tmp, index, count, cache_dir_of(data), verbose)
                 if final.exists():

@@ -160,6 +160,10 @@ class SubwordModel:
         ]
         return ids, spans
 
+    def encode_ids(self, text: str) -> np.ndarray:
+        """The ids of :meth:`encode` without the character spans (several times faster)."""
+        return np.asarray(self.sp.encode(text), dtype=np.int32)
+
     def decode(self, ids: Iterable[int]) -> str:
         keep = [int(i) for i in ids if int(i) not in (PAD_ID, BOS_ID, EOS_ID)]
         return self.sp.decode(keep)
