@@ -119,6 +119,15 @@ def prepare_stage(config: ConfigLike, overrides: Overrides = None, *, subwords_o
     return stages.prepare_sharded(cfg, jobs, slurm=slurm, params=slurm_params, force=force, verbose=verbose)
 
 
+def download(corpus: str, out: str | Path, source: str | Path | None = None) -> dict[str, int]:
+    """Write ``wmt14-en-de`` or ``iwslt14-de-en`` into ``out`` in the layout its recipes read
+    (``docs/corpora.md``), from the public archives or from a local copy of them (``source``);
+    returns the line count of each file written."""
+    from structnmt.data.corpora import download as fetch
+
+    return fetch(corpus, out, source)
+
+
 def prepare_multi30k(pair: str = "en-de", source: str | Path | None = None, out: str | Path | None = None,
                      parser: str | None = None, force: bool = False, verbose: bool = True) -> Path:
     """Prepare Multi30k ``pair`` from a local copy of its raw files (``source``), or from its

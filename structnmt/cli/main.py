@@ -42,6 +42,11 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_download(args: argparse.Namespace) -> int:
+    api.download(args.corpus, args.out, args.from_dir)
+    return 0
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     """Exit status: 0 done, 1 diverged, 75 stopped by a signal (resumable with --resume)."""
     from structnmt.training.trainer import exit_status
@@ -217,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--slurm-set", action="append", default=[], metavar="KEY=VALUE",
                    help="with --slurm: a submitit parameter, e.g. slurm_partition=cpu, timeout_min=720")
     s.set_defaults(func=cmd_prepare)
+
+    s = sub.add_parser("download", help="the papers' corpora in the recipes' layout (docs/corpora.md)")
+    s.add_argument("corpus", choices=["wmt14-en-de", "iwslt14-de-en"])
+    s.add_argument("--out", required=True, help="e.g. data/raw/wmt14_en_de")
+    s.add_argument("--from", dest="from_dir", help="a local copy of the public archives (no download)")
+    s.set_defaults(func=cmd_download)
 
     s = sub.add_parser("train", help="train a model from an experiment YAML")
     s.add_argument("config")
