@@ -352,3 +352,33 @@ def test_progress_prints_plain_lines_without_a_terminal(capsys: pytest.CaptureFi
     with Progress("quiet", total=10, every=3600.0, tty=False) as bar:
         bar.update(10)
     assert capsys.readouterr().out == ""  # a short stage prints nothing
+
+
+def test_batch_planner_is_the_plain_greedy_loop() -> None:
+    """``_plan`` loops over plain ints (a WMT-size epoch planned in about a second, not many); its
+    batches are exactly those of the straightforward greedy loop over numpy items."""
+    from structnmt.data.batching import _plan
+
+    def reference(order, sizes, budget, min_count):
+        batches, start, longest = [], 0, 0
+        for k, i in enumerate(order):
+            size = int(sizes[i])
+            if k - start >= min_count and max(longest, size) * (k - start + 1) > budget:
+                batches.append(order[start:k])
+                start, longest = k, 0
+            longest = max(longest, size)
+        tail = order[start:]
+        if len(tail) < min_count and batches:
+            batches[-1] = np.concatenate([batches[-1], tail])
+        else:
+            batches.append(tail)
+        return batches
+
+    rng = np.random.default_rng(0)
+    for _ in range(500):
+        n = int(rng.integers(1, 300))
+        sizes = rng.integers(1, int(rng.integers(2, 200)), n)
+        order = rng.permutation(n)
+        budget, min_count = int(rng.integers(1, 2000)), int(rng.integers(1, 5))
+        got, want = _plan(order, sizes, budget, min_count), reference(order, sizes, budget, min_count)
+        assert len(got) == len(want) and all(np.array_equal(a, b) for a, b in zip(got, want))
