@@ -200,6 +200,23 @@ def test_a_changed_input_is_refused_without_force(tmp_path: Path, capsys: pytest
     assert message.startswith(f"{tmp_path / 'train.conllu'} changed since the dataset was prepared")
 
 
+def test_a_dataset_of_an_older_structnmt_is_rebuilt_only_with_force(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    src, tgt, _ = corpus()
+    config = plain_experiment(tmp_path, src, tgt)
+    assert cli(capsys, "prepare", str(config))[0] == 0
+    meta_file = tmp_path / "dataset" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["inputs"]
+    del meta["data"]["subwords"]["sample_pairs"]  # a field added since
+    meta_file.write_text(json.dumps(meta))
+    message = failing(capsys, "prepare", str(config))
+    assert message == (f"{tmp_path / 'dataset'} was prepared by an older structnmt that recorded no input "
+                       "fingerprints; rerun with --force to rebuild it")
+    assert cli(capsys, "prepare", str(config), "--force")[0] == 0
+    assert "inputs" in json.loads(meta_file.read_text())
+
+
 def fake_spacy_model(directory: Path) -> Path:
     directory.mkdir()
     (directory / "meta.json").write_text(json.dumps({"lang": "en", "name": "ud", "version": "0.1",

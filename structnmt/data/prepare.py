@@ -35,7 +35,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from structnmt.config import DataConfig, ExperimentConfig, from_dict
-from structnmt.data.identity import check_unchanged
+from structnmt.data.identity import StaleDatasetError, check_unchanged
 from structnmt.data.pipeline import SIDES
 from structnmt.data.stream import assemble, encode_shard, make_plan, task_tag
 from structnmt.errors import ConfigError, StructNMTError
@@ -191,14 +191,14 @@ def _keep_existing(out: Path, data: DataConfig, force: bool, verbose: bool) -> b
     if not ours or force:
         return False
     old = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+    if "inputs" not in old:
+        # nothing to check it against, and its data section lacks fields training now compares
+        raise StaleDatasetError(f"{out} was prepared by an older structnmt that recorded no input fingerprints; "
+                                "rerun with --force to rebuild it")
     if not same_config(old.get("data"), data):
         raise ConfigError(f"{out} holds a dataset prepared from a different config; "
                           "use --force to replace it", "data.dir")
-    if "inputs" in old:
-        check_unchanged(old["inputs"], data)
-    elif verbose:
-        print(f"{out}: prepared by an older structnmt that recorded no input fingerprints; "
-              "kept as it is (use --force to rebuild and record them)")
+    check_unchanged(old["inputs"], data)
     if verbose:
         print(f"{out}: already prepared from this config and these inputs (use --force to rebuild)")
     return True
