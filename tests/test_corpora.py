@@ -133,3 +133,11 @@ def test_download_names_a_missing_local_archive(tmp_path: Path) -> None:
 
     with pytest.raises(DataError, match=r"de-en.tgz is not here \(expected the file downloaded from http"):
         download("iwslt14-de-en", tmp_path / "out", tmp_path)
+
+
+def test_download_command_line(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    from structnmt.cli.main import main
+
+    assert main(["download", "iwslt14-de-en", "--out", str(tmp_path / "out"), "--from", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"error: {tmp_path}: de-en.tgz is not here")
