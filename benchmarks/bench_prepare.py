@@ -1,124 +1,209 @@
-"""Sentences per second of ``structnmt prepare`` (clean + parse + sub-words + store), with one
-and with two processes.
+"""``structnmt prepare`` at scale: memory that does not grow with the corpus, shards, speed.
 
-    python benchmarks/bench_prepare.py                     # all 29,000 Multi30k training pairs
-    python benchmarks/bench_prepare.py --sentences 300 --vocab-size 1000       # smoke run
+    nice python benchmarks/bench_prepare.py scale --sizes 250000 2000000          # no parser
+    nice python benchmarks/bench_prepare.py scale --sizes 20000 80000 --parser auto  # English UD parser
+    nice python benchmarks/bench_prepare.py shards --sizes 100000 --jobs 4         # merged shards == one go
+    nice python benchmarks/bench_prepare.py first-update --sizes 250000 2000000   # training on each dataset
+    nice python benchmarks/bench_prepare.py processes --sizes 29000 --parser auto  # 1 and 2 parser processes
 
-The input is the first ``--sentences`` Multi30k En->De training pairs, prepared as the base
-recipe prepares them (English parsed, dependency scenes, joint SentencePiece), except that the
-parser is the English UD model (``parsers/en_ud/model-best``, from ``structnmt parser train
---preset en_ud``) when it exists and spaCy's ``en_core_web_sm`` otherwise. Every run starts
-with an empty parse cache and a new dataset directory, so nothing is reused between runs;
-the time covers the whole ``prepare`` call, parser loading and SentencePiece training included.
+Corpora are generated from the Multi30k En->De training pairs (``--data``), repeated with a
+counter appended to both sides (``"... 123456"``), so that every pair is distinct and the
+sub-word model sees a corpus of that size. Every figure is one fresh command
+(``python -m structnmt.cli.main ...``) measured from outside: wall seconds and the command's
+own peak resident memory (its ``VmHWM``, sampled every 50 ms; see ``common.run_command``).
+Forked parser workers (``data.processes`` > 1) are not counted, so the memory runs use one
+process. ``--parser auto`` is the English UD model ``parsers/en_ud/model-best`` (``--ud-parser``)
+when it exists, else spaCy's ``en_core_web_sm``. Scratch files go to ``--scratch`` (default:
+``benchmarks/envs/bench_prepare``) and are kept for ``first-update``.
 """
 
 from __future__ import annotations
 
 import argparse
 import gzip
-import shutil
+import json
+import os
 import sys
-import tempfile
 import time
 from pathlib import Path
+
+import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-from bench_train import BASE_CONFIG  # noqa: E402
 
 UD_PARSER = "parsers/en_ud/model-best"
 MULTI30K = common.ROOT.parent / "shared" / "data" / "multi30k"
-#: the stages ``prepare`` times (meta.json "seconds"); parsing happens inside the third
-STAGES = ["read_clean", "subwords_train", "tokenise_parse_encode", "store"]
 
 
-def head_gz(source: Path, target: Path, n: int) -> int:
-    """The first ``n`` lines of a gzipped file into another; how many there were."""
-    with gzip.open(source, "rt", encoding="utf-8") as fin, gzip.open(target, "wt", encoding="utf-8") as fout:
-        count = 0
-        for line in fin:
-            if count == n:
-                break
-            fout.write(line)
-            count += 1
-    return count
+def make_corpus(data: Path, n: int, out: Path) -> tuple[Path, Path]:
+    """``n`` pairs: Multi30k training pairs in turn, each with its running number appended."""
+    src, tgt = out / f"corpus{n}.en", out / f"corpus{n}.de"
+    if src.is_file() and tgt.is_file():
+        return src, tgt
+    with gzip.open(data / "train.en.gz", "rt", encoding="utf-8") as handle:
+        en = [line.rstrip("\n") for line in handle]
+    with gzip.open(data / "train.de.gz", "rt", encoding="utf-8") as handle:
+        de = [line.rstrip("\n") for line in handle]
+    out.mkdir(parents=True, exist_ok=True)
+    with open(f"{src}.part", "w", encoding="utf-8") as fe, open(f"{tgt}.part", "w", encoding="utf-8") as fd:
+        for k in range(n):
+            fe.write(f"{en[k % len(en)]} {k}\n")
+            fd.write(f"{de[k % len(de)]} {k}\n")
+    os.replace(f"{src}.part", src)
+    os.replace(f"{tgt}.part", tgt)
+    return src, tgt
 
 
-def time_prepare(src: Path, tgt: Path, parser: str, processes: int, vocab_size: int,
-                 scratch: Path) -> tuple[float, dict[str, float]]:
-    """Seconds of one cold ``prepare`` (fresh cache and output directory), and of its stages."""
-    import json
+def parser_model(choice: str, ud: str) -> str | None:
+    if choice == "none":
+        return None
+    if choice == "auto":
+        return ud if Path(ud).is_dir() else "en_core_web_sm"
+    return choice
 
-    from structnmt.config import load_config
-    from structnmt.data.prepare import prepare
 
-    out = scratch / f"dataset_p{processes}"
-    cache = scratch / f"cache_p{processes}"
-    for path in (out, cache):
-        shutil.rmtree(path, ignore_errors=True)
-    backend = "none" if parser == "none" else "spacy"
-    overrides = {
-        "data.dir": str(out), "data.cache_dir": str(cache), "data.processes": processes,
-        "data.splits": {"train": {"src": str(src), "tgt": str(tgt)}},
-        "data.src.parser.backend": backend, "data.src.parser.model": None if parser == "none" else parser,
-        "data.src.parser.convention": "ud" if parser == UD_PARSER else None,
-        "data.src.scenes": "none" if parser == "none" else "dependency",
-        "data.subwords.vocab_size": vocab_size,
+def write_config(path: Path, src: Path, tgt: Path, dataset: Path, parser: str | None, processes: int = 1,
+                 training: dict | None = None) -> Path:
+    side = {"lang": "en"}
+    if parser is not None:
+        side.update(parser={"backend": "spacy", "model": parser, "convention": "ud" if parser.endswith(
+            "model-best") else None}, scenes="dependency")
+    raw = {
+        "data": {"dir": str(dataset), "src": side, "tgt": {"lang": "de"},
+                 "splits": {"train": {"src": str(src), "tgt": str(tgt)}},
+                 "subwords": {"kind": "sentencepiece", "model_type": "unigram", "vocab_size": 8000, "joint": True},
+                 "clean": {"max_len": 80, "max_ratio": 3.0}, "processes": processes,
+                 "cache_dir": str(dataset.parent / f".{dataset.name}.cache")},
     }
-    cfg = load_config(BASE_CONFIG, overrides)
-    started = time.perf_counter()
-    prepare(cfg, verbose=False)
-    seconds = time.perf_counter() - started
-    return seconds, json.loads((out / "meta.json").read_text(encoding="utf-8")).get("seconds", {})
+    if training is not None:
+        raw["model"] = {"enc_layers": 3, "dec_layers": 3, "d_model": 256, "n_heads": 4, "d_ff": 1024}
+        raw["training"] = training
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def structnmt(*argv: str, log: Path | None = None) -> common.CommandResult:
+    env = {**os.environ, "PYTHONPATH": str(common.ROOT)}  # shard jobs import this checkout too
+    result = common.run_command([sys.executable, "-m", "structnmt.cli.main", *argv], cwd=common.ROOT, env=env,
+                                log=log)
+    if result.returncode != 0:
+        raise SystemExit(f"structnmt {' '.join(argv)} failed ({result.returncode}):\n{result.output[-3000:]}")
+    return result
+
+
+def fresh(path: Path) -> None:
+    import shutil
+
+    for p in (path, path.parent / f"{path.name}.shards", path.parent / f".{path.name}.cache"):
+        shutil.rmtree(p, ignore_errors=True)
+
+
+def scale(args: argparse.Namespace, scratch: Path) -> tuple[str, str]:
+    model = parser_model(args.parser, args.ud_parser)
+    rows, peaks = [], []
+    for n in args.sizes:
+        src, tgt = make_corpus(args.data, n, scratch)
+        dataset = scratch / f"dataset{n}{'' if model is None else '_parsed'}"
+        fresh(dataset)
+        config = write_config(scratch / f"prepare{n}.yaml", src, tgt, dataset, model)
+        result = structnmt("prepare", str(config), log=scratch / f"prepare{n}.log")
+        meta = json.loads((dataset / "meta.json").read_text(encoding="utf-8"))
+        peaks.append(result.peak_rss)
+        rows.append([f"{n:,}", round(result.seconds, 1), f"{n / result.seconds:,.0f}", common.mib(result.peak_rss),
+                     f"{result.peak_rss / peaks[0]:.2f}x", meta["subword_sample"]["pairs"],
+                     json.dumps(meta["seconds"])])
+        print(rows[-1], flush=True)
+    header = ["pairs", "seconds", "lines/s", "peak RSS", "peak / first", "sub-word sample", "stages (s)"]
+    return f"prepare, parser {model or 'none'}", common.markdown_table(header, rows)
+
+
+def shards(args: argparse.Namespace, scratch: Path) -> tuple[str, str]:
+    sys.path.insert(0, str(common.ROOT))
+    from tests.test_prepare_stream import assert_same_dataset
+
+    rows = []
+    for n in args.sizes:
+        src, tgt = make_corpus(args.data, n, scratch)
+        one, merged = scratch / f"one{n}", scratch / f"merged{n}"
+        fresh(one)
+        fresh(merged)
+        first = structnmt("prepare", str(write_config(scratch / f"one{n}.yaml", src, tgt, one, None)))
+        second = structnmt("prepare", str(write_config(scratch / f"merged{n}.yaml", src, tgt, merged, None)),
+                           "--jobs", str(args.jobs), log=scratch / f"merged{n}.log")
+        assert_same_dataset(one, merged)
+        rows.append([f"{n:,}", round(first.seconds, 1), args.jobs, round(second.seconds, 1), "yes"])
+        print(rows[-1], flush=True)
+    header = ["pairs", "one prepare (s)", "shards", "plan + shards + merge (s)", "same dataset, record for record"]
+    return "sharded prepare (--jobs) against one prepare", common.markdown_table(header, rows)
+
+
+def first_update(args: argparse.Namespace, scratch: Path) -> tuple[str, str]:
+    rows, base = [], None
+    training = {"max_steps": 1, "valid_every": 0, "log_every": 1, "tensorboard": False, "progress": False,
+                "max_tokens": 4096, "threads": 1}
+    for repeat in range(args.repeats):
+        for n in args.sizes:
+            dataset = scratch / f"dataset{n}"
+            if not (dataset / "meta.json").is_file():
+                raise SystemExit(f"{dataset}: run `bench_prepare.py scale --sizes {n}` first")
+            src, tgt = make_corpus(args.data, n, scratch)
+            run = scratch / f"run{n}"
+            fresh(run)
+            config = write_config(scratch / f"train{n}.yaml", src, tgt, dataset, None,
+                                  training={**training, "out_dir": str(run)})
+            result = structnmt("train", str(config))
+            base = base or result
+            rows.append([repeat + 1, f"{n:,}", round(result.seconds, 2), f"{result.seconds / base.seconds:.2f}x",
+                         common.mib(result.peak_rss), f"{result.peak_rss / base.peak_rss:.2f}x"])
+            print(rows[-1], flush=True)
+    header = ["round", "pairs", "seconds to a 1-update run's end", "/ first", "peak RSS", "/ first"]
+    return "training on each dataset: one update (start, open, plan the epoch, update, save)", \
+        common.markdown_table(header, rows)
+
+
+def processes(args: argparse.Namespace, scratch: Path) -> tuple[str, str]:
+    model = parser_model(args.parser, args.ud_parser)
+    rows = []
+    for n in args.sizes:
+        src, tgt = make_corpus(args.data, n, scratch)
+        for count in (1, 2):
+            dataset = scratch / f"proc{count}_{n}"
+            fresh(dataset)
+            result = structnmt("prepare", str(write_config(scratch / f"proc{count}.yaml", src, tgt, dataset, model,
+                                                           processes=count)))
+            rows.append([f"{n:,}", count, round(result.seconds, 1), f"{n / result.seconds:,.0f}"])
+            print(rows[-1], flush=True)
+    return f"prepare with 1 and 2 parser processes, parser {model}", \
+        common.markdown_table(["pairs", "processes", "seconds", "lines/s"], rows)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sentences", type=int, default=29000, help="training pairs to prepare")
-    parser.add_argument("--processes", type=int, nargs="+", default=[1, 2], help="process counts to time")
-    parser.add_argument("--parser", help=f"spaCy model (default: {UD_PARSER} if present, else en_core_web_sm); "
-                                         "'none' times sub-words only")
-    parser.add_argument("--vocab-size", type=int, default=8000, help="SentencePiece vocabulary (smaller for "
-                                                                      "a few hundred sentences)")
+    parser.add_argument("mode", choices=["scale", "shards", "first-update", "processes"])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[250_000, 2_000_000], help="training pairs")
+    parser.add_argument("--parser", default="none", help="none, auto, or a spaCy model (name or directory)")
+    parser.add_argument("--ud-parser", default=UD_PARSER, help="the UD model --parser auto prefers")
+    parser.add_argument("--jobs", type=int, default=4, help="shards: how many")
+    parser.add_argument("--repeats", type=int, default=2, help="first-update: rounds over the sizes")
     parser.add_argument("--data", type=Path, default=MULTI30K, help="Multi30k directory (default: %(default)s)")
-    parser.add_argument("--name", default="prepare", help="report: benchmarks/results/NAME.md")
+    parser.add_argument("--scratch", type=Path, default=common.ENVS / "bench_prepare")
+    parser.add_argument("--name", help="report: benchmarks/results/NAME.md (default: prepare_MODE)")
     args = parser.parse_args(argv)
-
-    from structnmt.errors import StructNMTError
-
     if not (args.data / "train.en.gz").is_file():
         print(f"error: {args.data}: no Multi30k here (train.en.gz)", file=sys.stderr)
         return 2
-    model = args.parser or (UD_PARSER if Path(UD_PARSER).is_dir() else "en_core_web_sm")
     info = common.machine()
-    rows = []
-    with tempfile.TemporaryDirectory(prefix="bench_prepare.", dir=common.ENVS if common.ENVS.is_dir() else None) \
-            as tmp:
-        scratch = Path(tmp)
-        src, tgt = scratch / "train.en.gz", scratch / "train.de.gz"
-        n = head_gz(args.data / "train.en.gz", src, args.sentences)
-        head_gz(args.data / "train.de.gz", tgt, args.sentences)
-        for processes in args.processes:
-            try:
-                seconds, stages = time_prepare(src, tgt, model, processes, args.vocab_size, scratch)
-            except StructNMTError as err:
-                print(f"error: {err}", file=sys.stderr)
-                return 2
-            print(f"{processes} process(es): {n} sentences in {seconds:.1f}s = {n / seconds:.0f} sentences/s; "
-                  f"stages (s): {stages}")
-            rows.append([processes, n, round(seconds, 1), round(n / seconds)]
-                        + [stages.get(k, "") for k in STAGES])
-    speedup = [[r[0], f"{r[3] / rows[0][3]:.2f}x"] for r in rows]
-    sections = [
-        ("Setup", f"First {n} Multi30k En->De training pairs; parser `{model}`; scenes from the trees; joint "
-                  f"SentencePiece of {args.vocab_size}; cold parse cache every run."),
-        ("prepare throughput (stages in seconds, from the dataset's meta.json)", common.markdown_table(
-            ["processes", "sentences", "seconds", "sentences/s", *STAGES], rows)),
-        (f"Speed-up over {rows[0][0]} process(es)", common.markdown_table(["processes", "speed-up"], speedup)),
-    ]
-    path = common.write_report(args.name, "Preprocessing throughput", sections, info)
+    started = time.perf_counter()
+    run = {"scale": scale, "shards": shards, "first-update": first_update, "processes": processes}[args.mode]
+    title, table = run(args, args.scratch.resolve())
+    info["load average (1 min) at the end"] = round(os.getloadavg()[0], 2)
+    info["minutes"] = round((time.perf_counter() - started) / 60, 1)
+    path = common.write_report(args.name or f"prepare_{args.mode.replace('-', '_')}", "structnmt prepare at scale",
+                               [(title, table)], info)
+    print(table)
     print(f"report: {path}")
     return 0
 

@@ -95,6 +95,39 @@ def prepare(config: ConfigLike, overrides: Overrides = None, force: bool = False
     return build(cfg, force=force, verbose=verbose)
 
 
+def prepare_stage(config: ConfigLike, overrides: Overrides = None, *, subwords_only: bool = False,
+                  shard: str | None = None, merge: bool = False, jobs: int = 0, slurm: bool = False,
+                  slurm_params: dict[str, Any] | None = None, force: bool = False, verbose: bool = True) -> Path:
+    """One stage of a sharded prepare (``docs/corpora.md``), or all of them: ``subwords_only``
+    (sample and train the sub-word model into ``DIR.shards/plan``), ``shard="I/N"`` (encode slice
+    I of N of every split), ``merge`` (check the shards and join them into ``data.dir``), or
+    ``jobs=N`` (all three, the shards as local processes or, with ``slurm``, a SLURM job array
+    with submitit's ``slurm_params``). Returns the directory the stage wrote."""
+    from structnmt.data import prepare as stages
+
+    if sum(map(bool, (subwords_only, shard, merge, jobs))) != 1:
+        raise ConfigError("choose one of --subwords-only, --shard, --merge and --jobs", "prepare")
+    cfg = _config(config, overrides)
+    if cfg.data is None:
+        raise ConfigError("this config has no data section", "data", cfg.path)
+    if subwords_only:
+        return stages.prepare_subwords(cfg, force=force, verbose=verbose)
+    if shard:
+        return stages.prepare_shard(cfg, *stages.parse_shard(shard), verbose=verbose)
+    if merge:
+        return stages.merge_shards(cfg, force=force, verbose=verbose)
+    return stages.prepare_sharded(cfg, jobs, slurm=slurm, params=slurm_params, force=force, verbose=verbose)
+
+
+def download(corpus: str, out: str | Path, source: str | Path | None = None) -> dict[str, int]:
+    """Write ``wmt14-en-de`` or ``iwslt14-de-en`` into ``out`` in the layout its recipes read
+    (``docs/corpora.md``), from the public archives or from a local copy of them (``source``);
+    returns the line count of each file written."""
+    from structnmt.data.corpora import download as fetch
+
+    return fetch(corpus, out, source)
+
+
 def prepare_multi30k(pair: str = "en-de", source: str | Path | None = None, out: str | Path | None = None,
                      parser: str | None = None, force: bool = False, verbose: bool = True) -> Path:
     """Prepare Multi30k ``pair`` from a local copy of its raw files (``source``), or from its

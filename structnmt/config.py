@@ -175,9 +175,11 @@ class SubwordConfig:
     vocab_size: int = 8000
     joint: bool = True
     character_coverage: float = 1.0
+    sample_pairs: int = 200_000  # training pairs (a fixed random sample) the model learns from; 0: all
 
     def validate(self, where: str) -> None:
         _need(self.vocab_size >= 16, "must be at least 16", f"{where}.vocab_size")
+        _need(self.sample_pairs >= 0, "must not be negative (0: all training pairs)", f"{where}.sample_pairs")
 
 
 @dataclass

@@ -39,6 +39,14 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
         raise
 
 
+def make_temp_dir(prefix: str, suffix: str, dir: str | Path) -> Path:
+    """``tempfile.mkdtemp`` with the mode a plain ``mkdir`` would give (0777 less the umask):
+    a directory built in it and renamed into place is meant to be read by others."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, suffix=suffix, dir=dir))
+    os.chmod(path, 0o777 & ~current_umask())
+    return path
+
+
 def current_umask() -> int:
     """The process's umask (reading it means setting it; set straight back)."""
     mask = os.umask(0o022)

@@ -128,7 +128,9 @@ def test_parallel_files_of_different_lengths(tmp_path: Path, capsys: pytest.Capt
     config = experiment(tmp_path, src=src, tgt=tgt[:-2])
     message = failing(capsys, "prepare", str(config))
     assert message.startswith(f"{tmp_path / 'train.en'}: source and target have different line counts")
-    assert f"{tmp_path / 'train.de'} has 28" in message
+    assert message == (f"{tmp_path / 'train.en'}: source and target have different line counts: "
+                       f"{tmp_path / 'train.en'} has 30, {tmp_path / 'train.de'} has 28 "
+                       f"({tmp_path / 'train.de'} ends after line 28)")
     assert_no_dataset(tmp_path)
 
 

@@ -49,6 +49,10 @@ def test_line_count_mismatch_names_both_files(tmp_path: Path) -> None:
         read_parallel(SplitFiles(src=src, tgt=tgt), CleanConfig())
     message = str(info.value)
     assert src in message and tgt in message and "has 3" in message and "has 2" in message
+    assert message.endswith(f"({tgt} ends after line 2)")
+    with pytest.raises(DataError) as info:  # the source may be the shorter one
+        read_parallel(SplitFiles(src=tgt, tgt=src), CleanConfig())
+    assert str(info.value).endswith(f"{tgt} has 2, {src} has 3 ({tgt} ends after line 2)")
 
 
 def test_empty_file(tmp_path: Path) -> None:

@@ -142,14 +142,14 @@ class CountingParser:
 def test_parse_cache_hits_on_second_run(tmp_path: Path) -> None:
     fake = CountingParser()
     texts = ["a b c", "d e", "a b c"]
-    first = CachedParser(fake, tmp_path, "train").parse(texts)
+    first = CachedParser(fake, tmp_path).parse(texts)
     assert fake.calls == 3
-    again = CachedParser(fake, tmp_path, "train")
+    again = CachedParser(fake, tmp_path)
     second = again.parse(texts + ["new one"])
     assert fake.calls == 4 and again.hits == 3 and again.misses == 1
     assert [t.spans for t in second[:3]] == [t.spans for t in first]
     fake.version = "2"  # a new parser version is parsed afresh
-    CachedParser(fake, tmp_path, "train").parse(texts)
+    CachedParser(fake, tmp_path, messages=lambda _: None).parse(texts)
     assert fake.calls == 7
 
 

@@ -46,14 +46,31 @@ def run_cli(*argv: str, cwd: Path = ROOT) -> subprocess.Popen:
 # one prepare at a time
 
 
+#: a real ``structnmt prepare`` process that, once it holds the lock, waits for a file to appear
+PAUSED_PREPARE = """
+import sys, time
+from pathlib import Path
+import structnmt.data.stream as stream
+real = stream.make_plan
+def paused(*args, **kwargs):
+    while not Path(sys.argv[1]).exists():
+        time.sleep(0.05)
+    return real(*args, **kwargs)
+stream.make_plan = paused
+import structnmt.data.prepare as prepare
+prepare.make_plan = paused
+from structnmt.cli.main import main
+sys.exit(main(sys.argv[2:]))
+"""
+
+
 def test_two_concurrent_prepares_into_one_directory(tmp_path: Path) -> None:
-    """Two real processes: the first holds the lock (blocked reading a pipe), the second is refused."""
+    """Two real processes: the first holds the lock (paused before its first stage), the second is refused."""
     src, tgt, _ = corpus()
     config = plain_experiment(tmp_path, src, tgt)
-    fifo = tmp_path / "train.en"
-    fifo.unlink()
-    os.mkfifo(fifo)  # the first prepare waits here, lock held, until we write the source text
-    first = run_cli("prepare", str(config))
+    go = tmp_path / "go"
+    first = subprocess.Popen([sys.executable, "-c", PAUSED_PREPARE, str(go), "prepare", str(config)], cwd=ROOT,
+                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while (holder(tmp_path / "dataset") or {}).get("pid") != first.pid:
         assert first.poll() is None, first.communicate()
@@ -65,11 +82,20 @@ def test_two_concurrent_prepares_into_one_directory(tmp_path: Path) -> None:
     assert err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"error: {tmp_path / 'dataset'} is in use by another process (PID {first.pid} ")
     assert "(prepare)" in err
-    with open(fifo, "w", encoding="utf-8") as pipe:
-        pipe.write("".join(line + "\n" for line in src))
+    go.touch()
     out, err = first.communicate(timeout=300)
     assert first.returncode == 0, err
     assert "dataset ready" in out and (tmp_path / "dataset" / "meta.json").is_file()
+
+
+def test_prepare_refuses_a_pipe(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    src, tgt, _ = corpus()
+    config = plain_experiment(tmp_path, src, tgt)
+    (tmp_path / "train.en").unlink()
+    os.mkfifo(tmp_path / "train.en")
+    message = failing(capsys, "prepare", str(config))
+    assert message.startswith(f"{tmp_path / 'train.en'}: not a regular file: prepare reads its inputs more than once")
+    assert_no_dataset(tmp_path)
 
 
 def test_prepare_refused_while_the_test_holds_the_lock(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -174,6 +200,23 @@ def test_a_changed_input_is_refused_without_force(tmp_path: Path, capsys: pytest
     assert message.startswith(f"{tmp_path / 'train.conllu'} changed since the dataset was prepared")
 
 
+def test_a_dataset_of_an_older_structnmt_is_rebuilt_only_with_force(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    src, tgt, _ = corpus()
+    config = plain_experiment(tmp_path, src, tgt)
+    assert cli(capsys, "prepare", str(config))[0] == 0
+    meta_file = tmp_path / "dataset" / "meta.json"
+    meta = json.loads(meta_file.read_text())
+    del meta["inputs"]
+    del meta["data"]["subwords"]["sample_pairs"]  # a field added since
+    meta_file.write_text(json.dumps(meta))
+    message = failing(capsys, "prepare", str(config))
+    assert message == (f"{tmp_path / 'dataset'} was prepared by an older structnmt that recorded no input "
+                       "fingerprints; rerun with --force to rebuild it")
+    assert cli(capsys, "prepare", str(config), "--force")[0] == 0
+    assert "inputs" in json.loads(meta_file.read_text())
+
+
 def fake_spacy_model(directory: Path) -> Path:
     directory.mkdir()
     (directory / "meta.json").write_text(json.dumps({"lang": "en", "name": "ud", "version": "0.1",
@@ -228,23 +271,32 @@ def test_parse_cache_of_another_parser_model_is_not_reused(tmp_path: Path) -> No
     fake = CountingParser()
     texts = ["a b c", "d e"]
     messages: list[str] = []
-    CachedParser(fake, tmp_path, "train", "digest-one", messages.append).parse(texts)
+    CachedParser(fake, tmp_path, "digest-one", messages.append).parse(texts)
     assert fake.calls == 2 and not messages
-    again = CachedParser(fake, tmp_path, "train", "digest-one", messages.append)
+    again = CachedParser(fake, tmp_path, "digest-one", messages.append)
     again.parse(texts)
     assert fake.calls == 2 and again.hits == 2 and not messages
     # same parser name and version, another model (a retrained model-best): parsed afresh
-    other = CachedParser(fake, tmp_path, "train", "digest-two", messages.append)
-    other.parse(texts)
-    assert fake.calls == 4 and other.hits == 0
+    other = CachedParser(fake, tmp_path, "digest-two", messages.append)
+    trees = other.parse(texts)
+    assert fake.calls == 4 and other.hits == 0 and [t.words for t in trees] == [["a", "b", "c"], ["d", "e"]]
     assert len(messages) == 1 and "not reused" in messages[0] and "digest-one"[:12] in messages[0]
-    header = json.loads((tmp_path / "train.parses.jsonl").read_text().splitlines()[0])
-    assert header == {"parser": {"name": fake.name, "version": fake.version, "digest": "digest-two"}}
-    # a cache that does not say who made it (older structnmt) is not trusted either
-    lines = (tmp_path / "train.parses.jsonl").read_text().splitlines()
-    (tmp_path / "train.parses.jsonl").write_text("\n".join(lines[1:]) + "\n")
-    CachedParser(fake, tmp_path, "train", "digest-two", messages.append).parse(texts)
+    other.close()
+    import sqlite3
+
+    with sqlite3.connect(tmp_path / "parses.sqlite") as db:
+        (made_by,) = db.execute("SELECT value FROM info WHERE key = 'parser'").fetchone()
+        assert json.loads(made_by) == {"name": fake.name, "version": fake.version, "digest": "digest-two"}
+        # a cache that does not say who made it is not trusted either
+        db.execute("DELETE FROM info")
+    CachedParser(fake, tmp_path, "digest-two", messages.append).parse(texts)
     assert fake.calls == 6 and "an unknown parser" in messages[-1]
+    # a damaged cache file is replaced, not fatal
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{tmp_path / 'parses.sqlite'}{suffix}").unlink(missing_ok=True)
+    (tmp_path / "parses.sqlite").write_bytes(b"not a database at all" * 100)
+    CachedParser(fake, tmp_path, "digest-two", messages.append).parse(texts)
+    assert fake.calls == 8 and "unreadable parse cache" in messages[-1]
 
 
 # ---------------------------------------------------------------------------

@@ -30,8 +30,20 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     if args.config == "multi30k":
         path = api.prepare_multi30k(args.pair, args.from_dir, args.out, args.parser, force=args.force)
     else:
-        path = api.prepare(args.config, parse_overrides(args.set), force=args.force)
-    print(f"dataset ready: {path}")
+        stages = (args.subwords_only, args.shard, args.merge, args.jobs)
+        if any(stages):
+            path = api.prepare_stage(args.config, parse_overrides(args.set), subwords_only=args.subwords_only,
+                                     shard=args.shard, merge=args.merge, jobs=args.jobs or 0, slurm=args.slurm,
+                                     slurm_params=parse_overrides(args.slurm_set, "--slurm-set"), force=args.force)
+        else:
+            path = api.prepare(args.config, parse_overrides(args.set), force=args.force)
+    what = "sub-word plan" if args.subwords_only else "shard" if args.shard else "dataset"
+    print(f"{what} ready: {path}")
+    return 0
+
+
+def cmd_download(args: argparse.Namespace) -> int:
+    api.download(args.corpus, args.out, args.from_dir)
     return 0
 
 
@@ -201,7 +213,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--parser", help="multi30k: spaCy model (name or path) for the source trees")
     s.add_argument("--force", action="store_true", help="rebuild even if the dataset exists")
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--subwords-only", action="store_true", help="sharded prepare, stage 1: sample and train "
+                                                                "the sub-word model(s) into DIR.shards/plan")
+    s.add_argument("--shard", metavar="I/N", help="stage 2: encode slice I of N (1-based) of every split")
+    s.add_argument("--merge", action="store_true", help="stage 3: check the N shards and join them into DIR")
+    s.add_argument("--jobs", type=int, metavar="N", help="all stages, N shards as local processes (submitit)")
+    s.add_argument("--slurm", action="store_true", help="with --jobs: the shards as a SLURM job array")
+    s.add_argument("--slurm-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="with --slurm: a submitit parameter, e.g. slurm_partition=cpu, timeout_min=720")
     s.set_defaults(func=cmd_prepare)
+
+    s = sub.add_parser("download", help="the papers' corpora in the recipes' layout (docs/corpora.md)")
+    s.add_argument("corpus", choices=["wmt14-en-de", "iwslt14-de-en"])
+    s.add_argument("--out", required=True, help="e.g. data/raw/wmt14_en_de")
+    s.add_argument("--from", dest="from_dir", help="a local copy of the public archives (no download)")
+    s.set_defaults(func=cmd_download)
 
     s = sub.add_parser("train", help="train a model from an experiment YAML")
     s.add_argument("config")

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import gzip
 import io
-import unicodedata
+import re
 import zlib
 from collections import Counter, deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 
 from structnmt.config import CleanConfig, SplitFiles
@@ -33,12 +35,14 @@ class RawLines:
     bad: list[int] = field(default_factory=list)
 
 
+#: Unicode category Cc is exactly U+0000..U+001F and U+007F..U+009F; tab is allowed
+_CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
 def _bad_char(text: str) -> str | None:
     """The first control character other than tab, if any (Unicode category Cc)."""
-    for ch in text:
-        if ch != "\t" and unicodedata.category(ch) == "Cc":
-            return ch
-    return None
+    found = _CONTROL.search(text)
+    return found.group() if found else None
 
 
 def _open_bytes(path: Path):
@@ -48,12 +52,15 @@ def _open_bytes(path: Path):
     return gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
 
 
-def read_raw(path: str | Path, drop_bad_lines: bool = False) -> RawLines:
-    """All lines of a plain or gzip file (detected by its magic bytes, not its name)."""
+def iter_raw(path: str | Path, drop_bad_lines: bool = False) -> Iterator[str | None]:
+    """Lines of a plain or gzip file (detected by its magic bytes, not its name), one at a time.
+
+    None stands for a bad line that ``drop_bad_lines`` dropped; memory stays flat however
+    long the file.
+    """
     path = Path(path)
     if not path.exists() or path.is_dir():  # exists(): pipes such as /dev/stdin are not "files"
         raise DataError("file not found", path)
-    out = RawLines(lines=[])
     try:
         with _open_bytes(path) as handle:
             for number, raw in enumerate(handle, start=1):
@@ -66,8 +73,7 @@ def read_raw(path: str | Path, drop_bad_lines: bool = False) -> RawLines:
                             f"invalid UTF-8 at byte {err.start + 1} of the line ({raw[err.start:err.end]!r})",
                             path, number,
                         ) from None
-                    out.lines.append(None)
-                    out.bad.append(number)
+                    yield None
                     continue
                 ch = _bad_char(text)
                 if ch is not None:
@@ -77,12 +83,17 @@ def read_raw(path: str | Path, drop_bad_lines: bool = False) -> RawLines:
                             "(set data.clean.drop_bad_lines to drop such lines)",
                             path, number,
                         )
-                    out.lines.append(None)
-                    out.bad.append(number)
+                    yield None
                     continue
-                out.lines.append(text)
+                yield text
     except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise DataError(f"cannot read the file: {err}", path) from None
+
+
+def read_raw(path: str | Path, drop_bad_lines: bool = False) -> RawLines:
+    """All lines of a plain or gzip file (detected by its magic bytes, not its name)."""
+    out = RawLines(lines=list(iter_raw(path, drop_bad_lines)))
+    out.bad = [number for number, line in enumerate(out.lines, start=1) if line is None]
     return out
 
 
@@ -139,69 +150,106 @@ class RatioWatch:
 
 
 def clean_pairs(
-    numbered: list[tuple[int, str | None, str | None]], clean: CleanConfig, watch: RatioWatch | None = None
+    numbered: Iterable[tuple[int, str | None, str | None]], clean: CleanConfig, watch: RatioWatch | None = None
 ) -> tuple[list[tuple[int, str, str]], dict[str, int]]:
     """Drop bad, empty, too long and too unbalanced pairs; count the drops by reason.
 
     ``watch`` sees every pair that reached the ratio test (see :class:`RatioWatch`).
     """
-    report: Counter[str] = Counter({reason: 0 for reason in DROP_REASONS})
-    kept: list[tuple[int, str, str]] = []
-    for number, src, tgt in numbered:
-        if src is None or tgt is None:
-            report["bad_line"] += 1
-            continue
-        ns, nt = _words(src), _words(tgt)
-        if ns == 0 or nt == 0:
-            report["empty"] += 1
-            continue
-        if ns > clean.max_len or nt > clean.max_len:
-            report["too_long"] += 1
-            continue
-        unbalanced = max(ns, nt) / min(ns, nt) > clean.max_ratio
-        if watch is not None:
-            watch.add(number, unbalanced)
-        if unbalanced:
-            report["ratio"] += 1
-        else:
-            kept.append((number, src, tgt))
-    report_dict = dict(report)
-    report_dict["read"] = len(numbered)
-    report_dict["kept"] = len(kept)
+    report: Counter[str] = Counter()
+    kept = list(iter_clean(numbered, clean, report, watch))
+    report_dict = {reason: report[reason] for reason in DROP_REASONS}
+    report_dict["read"] = report["read"]
+    report_dict["kept"] = report["kept"]
     return kept, report_dict
 
 
-def read_pairs(split: SplitFiles, drop_bad_lines: bool = False) -> list[tuple[int, str | None, str | None]]:
-    """The uncleaned pairs of a split as (1-based line, src, tgt); None marks a dropped bad line."""
+def _drop_reason(number: int, src: str | None, tgt: str | None, clean: CleanConfig,
+                 watch: RatioWatch | None) -> str | None:
+    """Why a pair is dropped, or None to keep it."""
+    if src is None or tgt is None:
+        return "bad_line"
+    ns, nt = _words(src), _words(tgt)
+    if ns == 0 or nt == 0:
+        return "empty"
+    if ns > clean.max_len or nt > clean.max_len:
+        return "too_long"
+    unbalanced = max(ns, nt) / min(ns, nt) > clean.max_ratio
+    if watch is not None:
+        watch.add(number, unbalanced)
+    return "ratio" if unbalanced else None
+
+
+Pair = tuple[int, str | None, str | None]
+
+
+def iter_pairs(split: SplitFiles, drop_bad_lines: bool = False) -> Iterator[Pair]:
+    """The uncleaned pairs of a split as (1-based line, src, tgt), streamed; None marks a dropped bad line.
+
+    Source and target files are read side by side: where one ends before the other the
+    error names both files, both line counts and the line where the shorter one ends.
+    """
     if split.tsv is not None:
-        raw = read_raw(split.tsv, drop_bad_lines)
-        if not raw.lines:
-            raise DataError("the file is empty", split.tsv)
-        pairs: list[tuple[int, str | None, str | None]] = []
-        for number, line in enumerate(raw.lines, start=1):
+        number = 0
+        for number, line in enumerate(iter_raw(split.tsv, drop_bad_lines), start=1):
             if line is None:
-                pairs.append((number, None, None))
+                yield number, None, None
                 continue
             tabs = line.count("\t")
             if tabs != 1:
                 raise DataError(f"expected exactly one tab between source and target, found {tabs}",
                                 split.tsv, number)
             src, tgt = line.split("\t")
-            pairs.append((number, src, tgt))
-        return pairs
+            yield number, src, tgt
+        if number == 0:
+            raise DataError("the file is empty", split.tsv)
+        return
     assert split.src is not None and split.tgt is not None
-    src_raw = read_raw(split.src, drop_bad_lines)
-    tgt_raw = read_raw(split.tgt, drop_bad_lines)
-    for path, raw in ((split.src, src_raw), (split.tgt, tgt_raw)):
-        if not raw.lines:
-            raise DataError("the file is empty", path)
-    if len(src_raw.lines) != len(tgt_raw.lines):
-        raise DataError(
-            f"source and target have different line counts: {split.src} has {len(src_raw.lines)}, "
-            f"{split.tgt} has {len(tgt_raw.lines)}",
-            split.src,
-        )
-    return [(n, s, t) for n, (s, t) in enumerate(zip(src_raw.lines, tgt_raw.lines), start=1)]
+    sources, targets = iter_raw(split.src, drop_bad_lines), iter_raw(split.tgt, drop_bad_lines)
+    number = 0
+    for number, (src, tgt) in enumerate(zip_longest(sources, targets, fillvalue=_END), start=1):
+        if src is _END or tgt is _END:
+            _different_lengths(split, number, src is _END, sources if src is not _END else targets)
+        yield number, src, tgt  # type: ignore[misc]
+    if number == 0:
+        for path in (split.src, split.tgt):
+            if Path(path).is_file() and Path(path).stat().st_size == 0:
+                raise DataError("the file is empty", path)
+        raise DataError("the file is empty", split.src)
+
+
+_END = object()
+
+
+def _different_lengths(split: SplitFiles, number: int, source_ended: bool, rest: Iterator) -> None:
+    """Raise the error for files that part at line ``number`` (the shorter one has ``number - 1``)."""
+    longer = number + sum(1 for _ in rest)
+    shorter = number - 1
+    if shorter == 0:
+        raise DataError("the file is empty", split.src if source_ended else split.tgt)
+    counts = (shorter, longer) if source_ended else (longer, shorter)
+    ended = split.src if source_ended else split.tgt
+    raise DataError(f"source and target have different line counts: {split.src} has {counts[0]}, "
+                    f"{split.tgt} has {counts[1]} ({ended} ends after line {shorter})", split.src)
+
+
+def read_pairs(split: SplitFiles, drop_bad_lines: bool = False) -> list[Pair]:
+    """The uncleaned pairs of a split as (1-based line, src, tgt); None marks a dropped bad line."""
+    return list(iter_pairs(split, drop_bad_lines))
+
+
+def iter_clean(pairs: Iterable[Pair], clean: CleanConfig, report: Counter[str],
+               watch: RatioWatch | None = None) -> Iterator[tuple[int, str, str]]:
+    """:func:`clean_pairs`, streamed: kept pairs are yielded, drops counted in ``report``."""
+    report.update({reason: 0 for reason in DROP_REASONS})
+    for number, src, tgt in pairs:
+        report["read"] += 1
+        reason = _drop_reason(number, src, tgt, clean, watch)
+        if reason is None:
+            report["kept"] += 1
+            yield number, src, tgt  # type: ignore[misc]
+        else:
+            report[reason] += 1
 
 
 def read_parallel(split: SplitFiles, clean: CleanConfig,

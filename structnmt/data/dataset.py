@@ -3,8 +3,8 @@
 Layout (docs/ARCHITECTURE.md, "Stored dataset"): every field of every side is one
 ``<side>.<field>.data.npy`` holding all sentences' values concatenated, plus
 ``<side>.<field>.offsets.npy`` (int64, n + 1) saying where sentence i starts and ends.
-The writer streams values to raw temporary files (memory stays flat however large the
-corpus) and builds the split in a temporary directory that is renamed into place only by
+The writer streams values and offsets straight into their ``.npy`` files (memory stays flat
+however large the corpus) and builds the split in a temporary directory that is renamed into place only by
 ``close()``: an interrupted ``prepare`` leaves the old split or none, never half of one.
 """
 
@@ -14,8 +14,7 @@ import contextlib
 import json
 import os
 import shutil
-import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -24,6 +23,7 @@ import numpy as np
 from structnmt.data.example import Example, Side
 from structnmt.data.structures import project
 from structnmt.errors import DataError
+from structnmt.io import make_temp_dir
 
 SIDES = ("src", "tgt")
 #: dtype and per-item shape of every stored field
@@ -72,29 +72,94 @@ def side_arrays_of(side: Side, label_id: Callable[[str], int], path: str | Path 
     return out
 
 
-class _RaggedSink:
-    """One ragged field being written: raw bytes appended to a file, offsets kept in memory."""
+#: bytes of the header of every .npy file we write: room for any shape, a multiple of 64
+NPY_HEADER = 128
 
-    def __init__(self, directory: Path, name: str, dtype: np.dtype, item: tuple[int, ...]) -> None:
-        self.name, self.dtype, self.item = name, dtype, item
-        self.raw_path = directory / f"{name}.raw"
-        self.handle: BinaryIO = open(self.raw_path, "wb")  # noqa: SIM115 (closed in finish)
-        self.offsets = [0]
 
-    def add(self, values: np.ndarray) -> None:
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """A version 1.0 ``.npy`` header of exactly :data:`NPY_HEADER` bytes (padded with spaces)."""
+    text = f"{{'descr': {np.lib.format.dtype_to_descr(dtype)!r}, 'fortran_order': False, 'shape': {shape!r}, }}"
+    body = NPY_HEADER - 10
+    return b"\x93NUMPY\x01\x00" + body.to_bytes(2, "little") + (text.ljust(body - 1) + "\n").encode("latin1")
+
+
+class NpyStream:
+    """A ``.npy`` file written rows at a time, so memory stays flat however large it grows.
+
+    The header has a fixed size; it is written as a placeholder first and rewritten with the
+    final row count by :meth:`close`. The result is an ordinary ``.npy`` file (``np.load``).
+    """
+
+    def __init__(self, path: Path, dtype: np.dtype, item: tuple[int, ...] = ()) -> None:
+        self.path, self.dtype, self.item = path, np.dtype(dtype), item
+        self.handle: BinaryIO = open(path, "wb")  # noqa: SIM115 (closed in close)
+        self.handle.write(b"\0" * NPY_HEADER)
+        self.rows = 0
+
+    def write(self, values: np.ndarray) -> None:
         values = np.ascontiguousarray(values, dtype=self.dtype).reshape((-1, *self.item))
         self.handle.write(values.tobytes())
-        self.offsets.append(self.offsets[-1] + len(values))
+        self.rows += len(values)
+
+    def write_bytes(self, raw: bytes) -> None:
+        """Rows given as raw bytes of this dtype (copying between files without decoding)."""
+        row = self.dtype.itemsize * int(np.prod(self.item, dtype=np.int64))
+        if len(raw) % row:
+            raise ValueError("partial row")
+        self.handle.write(raw)
+        self.rows += len(raw) // row
+
+    def close(self) -> None:
+        self.handle.seek(0)
+        self.handle.write(npy_header(self.dtype, (self.rows, *self.item)))
+        self.handle.close()
+
+
+def read_npy_chunks(path: Path, rows: int = 1 << 20) -> tuple[np.dtype, tuple[int, ...], Iterator[np.ndarray]]:
+    """The dtype and shape of a ``.npy`` file and an iterator over its rows, ``rows`` at a time.
+
+    Plain reads, not a memory map: a map's pages count as the reader's resident memory for as
+    long as it lives, so copying a large file through one would grow with the file.
+    """
+    handle = open(path, "rb")  # noqa: SIM115 (closed by the iterator)
+    version = np.lib.format.read_magic(handle)
+    read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    shape, fortran, dtype = read_header(handle)
+    if fortran:
+        handle.close()
+        raise DataError("stored array is in Fortran order", path)
+    row = dtype.itemsize * int(np.prod(shape[1:], dtype=np.int64))
+
+    def chunks() -> Iterator[np.ndarray]:
+        with handle:
+            left = shape[0]
+            while left:
+                take = min(rows, left)
+                raw = handle.read(take * row)
+                if len(raw) != take * row:
+                    raise DataError("stored array is shorter than its header says", path)
+                yield np.frombuffer(raw, dtype=dtype).reshape((take, *shape[1:]))
+                left -= take
+
+    return dtype, tuple(shape), chunks()
+
+
+class _RaggedSink:
+    """One ragged field being written: values and offsets both streamed to their .npy files."""
+
+    def __init__(self, directory: Path, name: str, dtype: np.dtype, item: tuple[int, ...]) -> None:
+        self.name = name
+        self.data = NpyStream(directory / f"{name}.data.npy", dtype, item)
+        self.offsets = NpyStream(directory / f"{name}.offsets.npy", np.dtype(np.int64))
+        self.offsets.write(np.zeros(1, dtype=np.int64))
+
+    def add(self, values: np.ndarray) -> None:
+        self.data.write(values)
+        self.offsets.write(np.asarray([self.data.rows], dtype=np.int64))
 
     def finish(self, directory: Path) -> None:
-        self.handle.close()
-        total = self.offsets[-1]
-        raw = (np.memmap(self.raw_path, dtype=self.dtype, mode="r", shape=(total, *self.item)) if total
-               else np.zeros((0, *self.item), dtype=self.dtype))
-        np.save(directory / f"{self.name}.data.npy", raw)
-        del raw
-        np.save(directory / f"{self.name}.offsets.npy", np.asarray(self.offsets, dtype=np.int64))
-        self.raw_path.unlink()
+        self.data.close()
+        self.offsets.close()
 
 
 class DatasetWriter:
@@ -118,7 +183,7 @@ class DatasetWriter:
             raise ValueError(f"label vocabulary must start with {NO_LABEL!r}")
         self._label_ids = {lab: i for i, lab in enumerate(self.labels)}
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.tmp = Path(tempfile.mkdtemp(prefix=f".{split}.", suffix=".tmp", dir=self.dir))
+        self.tmp = make_temp_dir(prefix=f".{split}.", suffix=".tmp", dir=self.dir)
         self.sinks: dict[str, _RaggedSink] = {}
         self.raw_files: dict[str, object] = {}
         self.sides: tuple[str, ...] | None = None
@@ -216,8 +281,9 @@ class DatasetWriter:
     def abort(self) -> None:
         """Drop everything written so far; the previous split (if any) stays."""
         for sink in self.sinks.values():
-            with contextlib.suppress(Exception):
-                sink.handle.close()
+            for stream in (sink.data, sink.offsets):
+                with contextlib.suppress(Exception):
+                    stream.handle.close()
         for handle in self.raw_files.values():
             with contextlib.suppress(Exception):
                 handle.close()  # type: ignore[attr-defined]

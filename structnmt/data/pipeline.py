@@ -130,8 +130,7 @@ class Preprocessor:
                     self._shared[side] = make_parser(cfg, split, self.data.processes, where)  # type: ignore
                 parser = self._shared[side]
                 if self.cache_dir is not None:
-                    parser = CachedParser(parser, self.cache_dir / side, split,
-                                          (self.identity(side) or {}).get("digest"))
+                    parser = CachedParser(parser, self.cache_dir / side, (self.identity(side) or {}).get("digest"))
             assert parser is not None
             self._parsers[key] = parser
         return self._parsers[key]
@@ -165,9 +164,9 @@ class Preprocessor:
     def _side(self, side: str, text: str, tree: DepTree | None, split: str, line: int,
               path: str | None) -> Side:
         model = self.subwords[side]
-        ids, spans = model.encode(text)
         if tree is None or not self.keeps_structure:
-            return Side(ids=ids)
+            return Side(ids=model.encode_ids(text))  # no alignment: SentencePiece's fast path
+        ids, spans = model.encode(text)
         from structnmt.data.structures import align_pieces_to_words, merge_words_sharing_pieces
 
         tree = merge_words_sharing_pieces(tree, spans)

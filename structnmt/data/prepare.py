@@ -1,15 +1,28 @@
 """``structnmt prepare``: raw parallel text in, a prepared dataset directory out.
 
-Everything is built in a temporary directory beside ``data.dir`` and renamed into place
-only at the end, so a failed or interrupted prepare leaves the previous dataset (or
-none), never half of one. The parse cache (default ``<dir>/.parse_cache``) lives outside
-that swap: it survives a failed run and is carried into the new dataset directory.
+The work is streamed (``structnmt/data/stream.py``): memory does not grow with the corpus.
+It can run in one go (:func:`prepare`) or split over processes or cluster jobs:
+
+```
+structnmt prepare CONFIG --subwords-only   # read, clean, sample, train SentencePiece   -> DIR.shards/plan/
+structnmt prepare CONFIG --shard 3/8       # encode lines of slice 3 of 8 of every split -> DIR.shards/shard-003-of-008/
+structnmt prepare CONFIG --merge           # check the shards and join them               -> DIR
+structnmt prepare CONFIG --jobs 8 [--slurm] # all three, shards as local processes or a SLURM array (submitit)
+```
+
+Everything that ends up in ``data.dir`` is built in a temporary directory beside it and
+renamed into place only at the end, so a failed or interrupted prepare leaves the previous
+dataset (or none), never half of one; a shard is likewise built beside its final place, so a
+killed shard is simply run again. The parse cache (default ``<dir>/.parse_cache``) lives
+outside that swap: it survives a failed run and is carried into the new dataset directory.
+Only one prepare (or merge) writes a ``data.dir`` at a time (:class:`~structnmt.locks.DirectoryLock`).
 
 ``data.multitask_parse`` builds the C&H baseline data (Currey & Heafield 2019, as run in
 pascal-bugliarello2020): every training pair gets a twin whose source is the tagged
 sentence ``<parse> ... <parse>`` and whose target is its linearised dependency parse
 (:func:`structnmt.data.pipeline.linearise`); translation sources carry ``<translate>``.
-The tags are user-defined SentencePiece symbols, so they stay one piece each.
+The tags are user-defined SentencePiece symbols, so they stay one piece each. The twins are
+stored after all translation pairs of the training split.
 """
 
 from __future__ import annotations
@@ -17,30 +30,23 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import asdict
 from pathlib import Path
 
-from structnmt.config import CleanConfig, DataConfig, ExperimentConfig
-from structnmt.data.corpus import RatioWatch, long_lines, read_parallel
-from structnmt.data.dataset import DatasetWriter
-from structnmt.data.example import Example, Side
-from structnmt.data.identity import check_unchanged, fingerprint_inputs
-from structnmt.data.pipeline import PARSE_TAG, SIDES, TRANSLATE_TAG, Preprocessor, linearise, tag
-from structnmt.data.tokenisation import MosesTokeniser, SubwordModel, train_sentencepiece
-from structnmt.errors import ConfigError, DataError
-from structnmt.io import atomic_write_text, sha256_file
+from structnmt.config import DataConfig, ExperimentConfig, from_dict
+from structnmt.data.identity import StaleDatasetError, check_unchanged
+from structnmt.data.pipeline import SIDES
+from structnmt.data.stream import assemble, encode_shard, make_plan, task_tag
+from structnmt.errors import ConfigError, StructNMTError
+from structnmt.io import atomic_write_text, make_temp_dir
 from structnmt.locks import DirectoryLock
 
 FORMAT_VERSION = 1
 
 
-def _split_paths(data: DataConfig, split: str) -> dict[str, str]:
-    files = data.splits[split]
-    if files.tsv is not None:
-        return {"src": files.tsv, "tgt": files.tsv}
-    return {"src": files.src or "", "tgt": files.tgt or ""}
+class ShardError(StructNMTError):
+    """Shards that cannot be merged (missing, repeated, or made from another plan)."""
 
 
 def _check(data: DataConfig) -> None:
@@ -49,59 +55,19 @@ def _check(data: DataConfig) -> None:
                           "data.multitask_parse")
 
 
-def _train_subwords(data: DataConfig, tmp: Path, train: dict[str, list[str]],
-                    symbols: list[str]) -> tuple[dict[str, SubwordModel], dict[str, dict]]:
-    """Train the joint (or one per side) SentencePiece model on the training split."""
-    sub = data.subwords
-    model_type = "word" if sub.kind == "none" else sub.model_type
-    if sub.joint:
-        path, _ = train_sentencepiece(train["src"] + train["tgt"], tmp / "spm", sub.vocab_size, model_type,
-                                      sub.character_coverage, symbols)
-        model = SubwordModel(path)
-        info = {"file": path.name, "vocab_size": model.vocab_size, "requested": sub.vocab_size,
-                "model_type": model_type}
-        return {"src": model, "tgt": model}, {"src": info, "tgt": info}
-    models, infos = {}, {}
-    for side in SIDES:
-        path, _ = train_sentencepiece(train[side], tmp / f"spm.{side}", sub.vocab_size, model_type,
-                                      sub.character_coverage, symbols if side == "src" else [])
-        models[side] = SubwordModel(path)
-        infos[side] = {"file": path.name, "vocab_size": models[side].vocab_size, "requested": sub.vocab_size,
-                       "model_type": model_type}
-    return models, infos
-
-
-def _parse_examples(pre: Preprocessor, pairs: list[tuple[int, str, str]], split: str,
-                    src_texts: list[str]) -> list[Example]:
-    """The C&H parse twins of the training pairs (tagged source -> linearised parse)."""
-    trees = pre.parse("src", split, src_texts, [n for n, _, _ in pairs]) or []
-    out = []
-    for (line, _src, _tgt), text, tree in zip(pairs, src_texts, trees):
-        source = tag(text, PARSE_TAG)
-        target = linearise(tree)
-        src_ids, _ = pre.subwords["src"].encode(source)
-        tgt_ids, _ = pre.subwords["tgt"].encode(target)
-        out.append(Example(src=Side(ids=src_ids), tgt=Side(ids=tgt_ids),
-                           meta={"line": line, "src_text": source, "tgt_text": target, "task": "parse"}))
-    return out
-
-
-def prepare(cfg: ExperimentConfig, force: bool = False, verbose: bool = True) -> Path:
-    """Build the dataset of ``cfg.data``; returns its directory.
-
-    An existing dataset prepared from the same data config and the same inputs (files,
-    parser models: :mod:`structnmt.data.identity`) is kept as it is; one from a different
-    config, or whose inputs changed since, is replaced only with ``force``.
-    """
+def _data(cfg: ExperimentConfig) -> DataConfig:
     if cfg.data is None:
         raise ConfigError("the config has no data section", "data")
+    _check(cfg.data)
+    return cfg.data
+
+
+def _named(cfg: ExperimentConfig, run):
+    """Run ``run()``; config errors raised deep inside (the sub-word model, a parser) know the
+    field, not the file: name the config file too."""
     try:
-        # one prepare per dataset directory at a time: a second one is refused at once, naming
-        # the holder (two would race to rename their results into place)
-        with DirectoryLock(cfg.data.dir, "prepare", messages=print if verbose else _quiet):
-            return _prepare(cfg, force, verbose)
+        return run()
     except ConfigError as err:
-        # errors raised deep inside (the sub-word model, a parser) know the field, not the file
         if cfg.path is None or str(err).startswith(f"{cfg.path}: "):
             raise
         named = ConfigError(str(err), path=cfg.path)
@@ -109,45 +75,133 @@ def prepare(cfg: ExperimentConfig, force: bool = False, verbose: bool = True) ->
         raise named from None
 
 
-def _prepare(cfg: ExperimentConfig, force: bool, verbose: bool) -> Path:
-    if cfg.data is None:
-        raise ConfigError("the config has no data section", "data")
-    data = cfg.data
-    _check(data)
+def _messages(verbose: bool):
+    return print if verbose else (lambda _message: None)
+
+
+def cache_dir_of(data: DataConfig) -> Path:
+    return Path(data.cache_dir) if data.cache_dir else Path(data.dir) / ".parse_cache"
+
+
+def shards_dir(data: DataConfig) -> Path:
+    """Where the sub-word plan and the shards of a sharded prepare live: ``<data.dir>.shards``."""
     out = Path(data.dir)
-    config_dict = asdict(data)
-    if out.exists() and not (out / "meta.json").is_file() and (not out.is_dir() or any(out.iterdir())):
-        # prepare replaces data.dir whole: never a directory it did not make (raw corpora, say)
-        raise ConfigError(f"{out} exists and is not a structnmt dataset; choose another directory", "data.dir")
-    _remove_stale_temporaries(out, verbose)
-    if (out / "meta.json").is_file() and not force:
-        old = json.loads((out / "meta.json").read_text(encoding="utf-8"))
-        if old.get("data") == json.loads(json.dumps(config_dict)):
-            if "inputs" in old:
-                check_unchanged(old["inputs"], data)
-            elif verbose:
-                print(f"{out}: prepared by an older structnmt that recorded no input fingerprints; "
-                      "kept as it is (use --force to rebuild and record them)")
-            if verbose:
-                print(f"{out}: already prepared from this config and these inputs (use --force to rebuild)")
-            return out
-        raise ConfigError(f"{out} holds a dataset prepared from a different config; "
-                          "use --force to replace it", "data.dir")
-    cache_dir = Path(data.cache_dir) if data.cache_dir else out / ".parse_cache"
+    return out.parent / f"{out.name}.shards"
+
+
+# ---------------------------------------------------------------------------
+# one go
+
+
+def prepare(cfg: ExperimentConfig, force: bool = False, verbose: bool = True) -> Path:
+    """Build the dataset of ``cfg.data`` in one process; returns its directory.
+
+    An existing dataset prepared from the same data config and the same inputs (files,
+    parser models: :mod:`structnmt.data.identity`) is kept as it is; one from a different
+    config, or whose inputs changed since, is replaced only with ``force``.
+    """
+    data = _data(cfg)
+
+    def run() -> Path:
+        out = Path(data.dir)
+        # one prepare per dataset directory at a time: a second one is refused at once, naming
+        # the holder (two would race to rename their results into place)
+        with DirectoryLock(out, "prepare", messages=_messages(verbose)):
+            _remove_stale_temporaries(out, verbose)
+            if _keep_existing(out, data, force, verbose):
+                return out
+            return _build_and_swap(out, data, verbose, _one_shot)
+
+    return _named(cfg, run)
+
+
+def _one_shot(data: DataConfig, tmp: Path, verbose: bool) -> dict:
+    work = tmp / ".work"
+    plan = make_plan(data, work / "plan", cache_dir_of(data), verbose)
+    record = encode_shard(data, plan, work / "plan", work / "shard", 0, 1, cache_dir_of(data), verbose)
+    meta = _finish(data, plan, work / "plan", [(work / "shard", record)], tmp, verbose)
+    shutil.rmtree(work)
+    return meta
+
+
+def _finish(data: DataConfig, plan: dict, plan_dir: Path, shards: list[tuple[Path, dict]], tmp: Path,
+            verbose: bool) -> dict:
+    """Assemble the shards into ``tmp``, copy the sub-word models and return meta.json's content."""
+    clock = time.perf_counter()
+    joined = assemble(data, plan, shards, tmp, verbose)
+    for name in plan["inputs"]["subwords"]:
+        shutil.copy2(plan_dir / name, tmp / name)
+    seconds = dict(plan["seconds"])
+    for _, record in shards:
+        for stage, value in record["seconds"].items():
+            seconds[stage] = seconds.get(stage, 0.0) + value
+    seconds["merge"] = time.perf_counter() - clock
+    store = {side: task_tag(data) is None and getattr(data, side).parser.backend != "none" for side in SIDES}
+    parser_info = shards[0][1]["parser_info"]
+    return {
+        "format_version": FORMAT_VERSION,
+        "inputs": plan["inputs"],
+        "langs": {"src": data.src.lang, "tgt": data.tgt.lang},
+        "moses": data.moses,
+        "subwords": plan["subwords"],
+        "subword_sample": plan["sample"],
+        "joint_vocab": data.subwords.joint,
+        "task_tag": task_tag(data),
+        "parsers": parser_info,
+        "structures": store,
+        "scenes": {side: getattr(data, side).scenes if store[side] else "none" for side in SIDES},
+        "labels": joined["labels"],
+        "splits": joined["splits"],
+        "data": plan["config"],
+        "seconds": {k: round(v, 2) for k, v in seconds.items()},
+    }
+
+
+def _build_and_swap(out: Path, data: DataConfig, verbose: bool, build) -> Path:
+    """``build(data, tmp, verbose) -> meta`` in a temporary directory beside ``out``, then swap it in."""
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
+    tmp = make_temp_dir(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)
     try:
-        meta = _build(data, tmp, cache_dir, config_dict, verbose)
+        meta = build(data, tmp, verbose)
         atomic_write_text(tmp / "meta.json", json.dumps(meta, indent=2, ensure_ascii=False) + "\n")
-        _swap(tmp, out, cache_dir)
+        _swap(tmp, out, cache_dir_of(data))
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
 
 
-def _quiet(_message: str) -> None:
-    pass
+def same_config(recorded: dict | None, data: DataConfig) -> bool:
+    """Whether a dataset's recorded data config is ``data`` (fields added since take their defaults)."""
+    if not isinstance(recorded, dict):
+        return False
+    try:
+        old = from_dict(DataConfig, recorded, "data")
+    except ConfigError:
+        return False
+    return json.loads(json.dumps(asdict(old))) == json.loads(json.dumps(asdict(data)))
+
+
+def _keep_existing(out: Path, data: DataConfig, force: bool, verbose: bool) -> bool:
+    """True when ``out`` already holds this dataset; refuses to replace what is not ours to replace."""
+    ours = (out / "meta.json").is_file()
+    if out.exists() and not ours and (not out.is_dir() or any(p.name != ".parse_cache" for p in out.iterdir())):
+        # prepare replaces data.dir whole: never a directory it did not make (raw corpora, say)
+        raise ConfigError(f"{out} exists and is not a structnmt dataset; choose another directory", "data.dir")
+    if not ours or force:
+        return False
+    old = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+    if "inputs" not in old:
+        # nothing to check it against, and its data section lacks fields training now compares
+        raise StaleDatasetError(f"{out} was prepared by an older structnmt that recorded no input fingerprints; "
+                                "rerun with --force to rebuild it")
+    if not same_config(old.get("data"), data):
+        raise ConfigError(f"{out} holds a dataset prepared from a different config; "
+                          "use --force to replace it", "data.dir")
+    check_unchanged(old["inputs"], data)
+    if verbose:
+        print(f"{out}: already prepared from this config and these inputs (use --force to rebuild)")
+    return True
 
 
 def _remove_stale_temporaries(out: Path, verbose: bool) -> None:
@@ -175,141 +229,222 @@ def _swap(tmp: Path, out: Path, cache_dir: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
 
 
-def _build(data: DataConfig, tmp: Path, cache_dir: Path, config_dict: dict, verbose: bool) -> dict:
-    # wall seconds of each stage, kept in meta.json: where a slow prepare spends its time
-    seconds: dict[str, float] = {"read_clean": 0.0, "subwords_train": 0.0, "tokenise_parse_encode": 0.0,
-                                 "store": 0.0}
-    clock = time.perf_counter()
-    splits: dict[str, list[tuple[int, str, str]]] = {}
-    reports: dict[str, dict[str, int]] = {}
-    # only the training split is filtered by length: evaluation sets stay whole, so that their
-    # scores are comparable with published ones
-    keep_all = CleanConfig(max_len=10**9, max_ratio=float("inf"), drop_bad_lines=data.clean.drop_bad_lines)
-    inputs = fingerprint_inputs(data)  # before reading: what we read is what we record
-    for split, files in data.splits.items():
-        if split == data.train_split:
-            watch = RatioWatch()
-            splits[split], reports[split] = read_parallel(files, data.clean, watch)
-            warning = watch.warning(files.tsv or files.src, data.clean.max_ratio)
-        else:
-            splits[split], reports[split] = read_parallel(files, keep_all)
-            warning = _long_line_warning(splits[split], data.clean.max_len, files.tsv or files.src)
-        if warning and verbose:
-            print(f"{split}: warning: {warning}")
-    if not splits[data.train_split]:
-        files = data.splits[data.train_split]
-        dropped = {k: v for k, v in reports[data.train_split].items() if k not in ("read", "kept") and v}
-        raise DataError(f"no sentence pair of the training split is left after cleaning (dropped: {dropped})",
-                        files.tsv or files.src)
-    task_tag = TRANSLATE_TAG if data.multitask_parse else None
-    seconds["read_clean"] = time.perf_counter() - clock
-    clock = time.perf_counter()
-
-    # sub-word training text: the training split as the parser sees it (Moses-tokenised if on)
-    moses = {side: MosesTokeniser(getattr(data, side).lang) for side in SIDES} if data.moses else {}
-    train_pairs = splits[data.train_split]
-    train = {
-        "src": [moses["src"].tokenise(s) if moses else s for _, s, _ in train_pairs],
-        "tgt": [moses["tgt"].tokenise(t) if moses else t for _, _, t in train_pairs],
-    }
-    pre = Preprocessor(data, {}, cache_dir=cache_dir, task_tag=task_tag)
-    symbols: list[str] = []
-    parses: list[str] = []
-    if data.multitask_parse:
-        symbols = [TRANSLATE_TAG, PARSE_TAG]
-        trees = pre.parse("src", data.train_split, train["src"], [n for n, _, _ in train_pairs]) or []
-        parses = [linearise(t) for t in trees]
-    # with multi-task data the models also learn the parse twins (tagged sources, bracketings)
-    train_text = {"src": list(train["src"]), "tgt": train["tgt"] + parses}
-    if parses:
-        train_text["src"] += [tag(s, PARSE_TAG) for s in train["src"]]
-    seconds["tokenise_parse_encode"] = time.perf_counter() - clock  # Moses and the C&H parses, if any
-    clock = time.perf_counter()
-    pre.subwords, sub_info = _train_subwords(data, tmp, train_text, symbols)
-    seconds["subwords_train"] = time.perf_counter() - clock
-
-    store = {side: pre.keeps_structure and getattr(data, side).parser.backend != "none" for side in SIDES}
-    labels: list[str] | None = None
-    stats: dict[str, dict] = {}
-    for split, pairs in splits.items():
-        dropped: list[tuple[str, DataError]] | None = [] if data.clean.drop_bad_lines else None
-        clock = time.perf_counter()
-        examples = pre.encode_pairs(pairs, split, _split_paths(data, split), dropped)
-        if dropped:
-            pairs = _forget_dropped(pairs, examples, reports[split], dropped, split, verbose)
-        if data.multitask_parse and split == data.train_split:
-            examples += _parse_examples(pre, pairs, split, [pre.tokenise("src", s) for _, s, _ in pairs])
-        seconds["tokenise_parse_encode"] += time.perf_counter() - clock
-        clock = time.perf_counter()
-        with DatasetWriter(tmp, split, store, label_vocab=labels) as writer:
-            for example in examples:
-                writer.add(example)
-            stats[split] = writer.close()
-        seconds["store"] += time.perf_counter() - clock
-        labels = stats[split]["labels"]
-        if verbose:
-            dropped = {k: v for k, v in reports[split].items() if k not in ("read", "kept") and v}
-            n_parse = stats[split]["n"] - len(pairs)
-            extra = f" (+{n_parse} parse examples)" if n_parse else ""
-            print(f"{split}: kept {len(pairs)} of {reports[split]['read']} pairs{extra}; "
-                  f"dropped {dropped or 'none'}")
-    models = sorted({info["file"] for info in sub_info.values()})
-    return {
-        "format_version": FORMAT_VERSION,
-        "inputs": {"files": inputs, "parsers": {side: pre.identity(side) for side in SIDES},
-                   "subwords": {name: sha256_file(tmp / name) for name in models}},
-        "langs": {"src": data.src.lang, "tgt": data.tgt.lang},
-        "moses": data.moses,
-        "subwords": sub_info,
-        "joint_vocab": data.subwords.joint,
-        "task_tag": task_tag,
-        "parsers": {side: pre.parser_info(side) for side in SIDES},
-        "structures": store,
-        "scenes": {side: pre.scene_source(side) if store[side] else "none" for side in SIDES},
-        "labels": labels or [],
-        "splits": {split: {"n": stats[split]["n"], "tokens": stats[split]["tokens"],
-                           "fields": stats[split]["fields"], "clean": reports[split]}
-                   for split in splits},
-        "data": config_dict,
-        "seconds": {k: round(v, 2) for k, v in seconds.items()},
-    }
+# ---------------------------------------------------------------------------
+# in shards: plan, shards, merge
 
 
-def _long_line_warning(pairs: list[tuple[int, str, str]], max_len: int, path: str | None) -> str | None:
-    """Evaluation splits keep every line; say which are longer than training allowed."""
-    lines = long_lines(pairs, max_len)
-    if not lines:
+def shard_name(index: int, count: int) -> str:
+    """Directory of shard ``index`` (0-based) of ``count``; shown 1-based, like ``--shard``."""
+    return f"shard-{index + 1:03d}-of-{count:03d}"
+
+
+def prepare_subwords(cfg: ExperimentConfig, force: bool = False, verbose: bool = True) -> Path:
+    """Stage 1 of a sharded prepare: read, clean, sample and train the sub-word model(s).
+
+    Writes ``<data.dir>.shards/plan``; a plan for this config whose inputs are unchanged is
+    kept (unless ``force``). A new plan removes the shards made against an older one.
+    """
+    data = _data(cfg)
+
+    def run() -> Path:
+        work = shards_dir(data)
+        final = work / "plan"
+        with DirectoryLock(final, "prepare sub-words", messages=_messages(verbose)):
+            _remove_stale_temporaries(final, verbose)
+            if not force and (current := _read_plan(final)) is not None:
+                if current.get("config_digest") == make_config_digest(data):
+                    try:
+                        check_unchanged(current["inputs"], data)
+                        if verbose:
+                            print(f"{final}: sub-word plan already made from this config and these inputs")
+                        return final
+                    except StructNMTError as err:
+                        if verbose:
+                            print(f"{final}: {err}; making a new plan")
+            work.mkdir(parents=True, exist_ok=True)
+            tmp = make_temp_dir(prefix=".plan.", suffix=".tmp", dir=work)
+            try:
+                make_plan(data, tmp, cache_dir_of(data), verbose)
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+            for old in sorted(work.glob("shard-*")):
+                if verbose:
+                    print(f"{old}: made against an older plan; removed")
+                shutil.rmtree(old, ignore_errors=True)
+        return final
+
+    return _named(cfg, run)
+
+
+def make_config_digest(data: DataConfig) -> str:
+    from structnmt.data.identity import config_digest
+
+    return config_digest(asdict(data))
+
+
+def _read_plan(directory: Path) -> dict | None:
+    try:
+        return json.loads((directory / "plan.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
         return None
-    shown = ", ".join(map(str, lines[:10])) + (f" and {len(lines) - 10} more" if len(lines) > 10 else "")
-    return (f"{len(lines)} pairs longer than data.clean.max_len ({max_len} words) are kept (evaluation splits "
-            f"are never filtered): lines {shown} of {path}; the model's own limit (model.max_positions sub-words) "
-            "is not known here and is checked when translating")
 
 
-#: how many dropped sentences ``prepare`` names one by one before it only counts
-SHOW_DROPPED = 5
+def current_plan(data: DataConfig) -> tuple[Path, dict]:
+    """The plan of a sharded prepare, checked against the config and the inputs as they are now."""
+    directory = shards_dir(data) / "plan"
+    plan = _read_plan(directory)
+    again = "run `structnmt prepare CONFIG --subwords-only` first"
+    if plan is None:
+        raise ShardError(f"{directory}: no sub-word plan; {again}")
+    if plan.get("config_digest") != make_config_digest(data):
+        raise ShardError(f"{directory}: the sub-word plan was made from another data config; {again}")
+    try:
+        check_unchanged(plan["inputs"], data)
+    except StructNMTError as err:
+        raise ShardError(f"{directory}: the sub-word plan is stale ({str(err).split('; rerun')[0]}); "
+                         f"{again}") from None
+    return directory, plan
 
 
-def _forget_dropped(pairs: list[tuple[int, str, str]], examples: list[Example], report: dict[str, int],
-                    dropped: list[tuple[str, DataError]], split: str, verbose: bool) -> list[tuple[int, str, str]]:
-    """Count sentences dropped for their parse or alignment, name the first few, keep the rest."""
-    for reason, _ in dropped:
-        report[reason] = report.get(reason, 0) + 1
-    report["kept"] = len(examples)
-    if verbose:
-        for reason, err in dropped[:SHOW_DROPPED]:
-            print(f"{split}: dropped ({reason}) {err}")
-        if len(dropped) > SHOW_DROPPED:
-            print(f"{split}: ... and {len(dropped) - SHOW_DROPPED} more dropped sentences")
-    kept = {ex.meta["line"] for ex in examples}
-    return [pair for pair in pairs if pair[0] in kept]
+def parse_shard(spec: str) -> tuple[int, int]:
+    """``"3/8"`` -> (2, 8): 1-based on the command line, 0-based inside."""
+    try:
+        number, count = (int(part) for part in spec.split("/"))
+    except ValueError:
+        raise ConfigError(f"expected I/N (shard I of N, 1 <= I <= N), got {spec!r}", "--shard") from None
+    if not 1 <= number <= count:
+        raise ConfigError(f"expected I/N with 1 <= I <= N, got {spec!r}", "--shard")
+    return number - 1, count
 
 
-def summary(meta: dict) -> str:
-    """One line per split: kept and dropped counts (what ``prepare`` printed)."""
-    lines = []
-    for split, info in meta["splits"].items():
-        dropped = {k: v for k, v in info["clean"].items() if k not in ("read", "kept") and v}
-        lines.append(f"{split}: {info['clean']['kept']} kept, dropped {dropped or 'none'}")
-    return "\n".join(lines)
+def prepare_shard(cfg: ExperimentConfig, index: int, count: int, verbose: bool = True) -> Path:
+    """Stage 2: encode shard ``index`` (0-based) of ``count`` against the plan; a finished shard is kept."""
+    data = _data(cfg)
 
+    def run() -> Path:
+        plan_dir, plan = current_plan(data)
+        final = shards_dir(data) / shard_name(index, count)
+        with DirectoryLock(final, "prepare shard", messages=_messages(verbose)):
+            _remove_stale_temporaries(final, verbose)
+            done = read_shard_record(final)
+            if done is not None and done.get("config_digest") == plan["config_digest"] \
+                    and done.get("subwords") == plan["inputs"]["subwords"]:
+                if verbose:
+                    print(f"{final}: already encoded")
+                return final
+            tmp = make_temp_dir(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+            try:
+                encode_shard(data, plan, plan_dir, tmp, index, count, cache_dir_of(data), verbose)
+                if final.exists():
+                    shutil.rmtree(final)
+                os.replace(tmp, final)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        return final
+
+    return _named(cfg, run)
+
+
+def read_shard_record(directory: Path) -> dict | None:
+    try:
+        return json.loads((directory / "shard.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def merge_shards(cfg: ExperimentConfig, force: bool = False, verbose: bool = True, keep: bool = False) -> Path:
+    """Stage 3: check that every shard is there once, from this plan, with the lines it should
+    have, and join them into ``data.dir`` (the shards are removed afterwards unless ``keep``)."""
+    data = _data(cfg)
+
+    def run() -> Path:
+        out = Path(data.dir)
+        with DirectoryLock(out, "prepare", messages=_messages(verbose)):
+            _remove_stale_temporaries(out, verbose)
+            if _keep_existing(out, data, force, verbose):
+                return out
+            plan_dir, plan = current_plan(data)
+            shards = check_shards(data, plan, shards_dir(data))
+
+            def build(data: DataConfig, tmp: Path, verbose: bool) -> dict:
+                meta = _finish(data, plan, plan_dir, shards, tmp, verbose)
+                meta["shards"] = len(shards)
+                return meta
+
+            _build_and_swap(out, data, verbose, build)
+        if not keep:
+            shutil.rmtree(shards_dir(data), ignore_errors=True)
+        return out
+
+    return _named(cfg, run)
+
+
+def check_shards(data: DataConfig, plan: dict, work: Path) -> list[tuple[Path, dict]]:
+    """The shards in order, or a :class:`ShardError` saying what is wrong with them."""
+    from structnmt.data.stream import line_range
+
+    found: dict[int, list[tuple[Path, dict]]] = {}
+    counts: set[int] = set()
+    for directory in sorted(p for p in work.glob("shard-*") if p.is_dir()):
+        record = read_shard_record(directory)
+        if record is None:
+            raise ShardError(f"{directory}: not a finished shard (no readable shard.json); run it again")
+        if record.get("subwords") != plan["inputs"]["subwords"]:
+            raise ShardError(f"{directory}: made with another sub-word model "
+                             f"({_digests(record.get('subwords'))}, the plan has "
+                             f"{_digests(plan['inputs']['subwords'])}); run it again")
+        if record.get("config_digest") != plan["config_digest"]:
+            raise ShardError(f"{directory}: made from another data config; run it again")
+        if record.get("parsers") != plan["inputs"]["parsers"]:
+            raise ShardError(f"{directory}: made with another parser; run it again")
+        counts.add(record["count"])
+        found.setdefault(record["index"], []).append((directory, record))
+    if not found:
+        raise ShardError(f"{work}: no shards; run `structnmt prepare CONFIG --shard I/N` for I = 1..N")
+    if len(counts) > 1:
+        raise ShardError(f"{work}: shards of different counts ({sorted(counts)}) are mixed; remove the extra ones")
+    (count,) = counts
+    for index in range(count):
+        if index not in found:
+            raise ShardError(f"shard {index + 1}/{count} is missing (run `structnmt prepare CONFIG "
+                             f"--shard {index + 1}/{count}`)")
+        if len(found[index]) > 1:
+            names = ", ".join(str(d) for d, _ in found[index])
+            raise ShardError(f"shard {index + 1}/{count} is there {len(found[index])} times ({names}); keep one")
+    shards = [found[index][0] for index in range(count)]
+    for directory, record in shards:
+        for split, info in plan["splits"].items():
+            first, stop = line_range(info["lines"], record["index"], count)
+            got = record["splits"].get(split)
+            if got is None or got["lines"] != [first, stop] or got["read"] != stop - first:
+                have = f"{got['read']} lines" if got else "nothing"
+                raise ShardError(f"{directory}: {split} should have lines {first}..{stop - 1} "
+                                 f"({stop - first} lines) but has {have}; run it again")
+        if record["splits"].keys() != plan["splits"].keys():
+            raise ShardError(f"{directory}: has splits {sorted(record['splits'])}, the plan {sorted(plan['splits'])}")
+    return shards
+
+
+def _digests(subwords: dict | None) -> str:
+    return ", ".join(f"{name} {digest[:12]}…" for name, digest in sorted((subwords or {}).items())) or "none"
+
+
+def prepare_sharded(cfg: ExperimentConfig, jobs: int, slurm: bool = False, params: dict | None = None,
+                    force: bool = False, verbose: bool = True) -> Path:
+    """All three stages: the plan here, ``jobs`` shards as local processes or a SLURM array, the merge here."""
+    from structnmt.data.shards import run_shards
+
+    data = _data(cfg)
+    out = Path(data.dir)
+    if out.exists() and not force:
+        with DirectoryLock(out, "prepare", messages=_messages(verbose)):
+            if _named(cfg, lambda: _keep_existing(out, data, force, verbose)):
+                return out
+    prepare_subwords(cfg, verbose=verbose)
+    _named(cfg, lambda: run_shards(cfg, jobs, slurm, params or {}, verbose))
+    return merge_shards(cfg, force=force, verbose=verbose)
