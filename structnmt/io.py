@@ -78,3 +78,18 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def replace_dir(new: str | Path, target: str | Path) -> None:
+    """Put the finished directory ``new`` in place of ``target``; the old one is removed only
+    once the new one is there (a crash in between leaves ``.NAME.old.PID`` beside it)."""
+    import shutil
+
+    new, target = Path(new), Path(target)
+    old = None
+    if target.exists():
+        old = target.with_name(f".{target.name}.old.{os.getpid()}")
+        os.replace(target, old)
+    os.replace(new, target)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)

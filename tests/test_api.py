@@ -20,7 +20,7 @@ import yaml
 
 import structnmt
 from structnmt.cli.main import main
-from structnmt.errors import CheckpointError, ConfigError, DataError, StructNMTError
+from structnmt.errors import CheckpointError, ConfigError, DataError
 
 pytestmark = pytest.mark.slow  # one small model is trained for the module
 
@@ -291,7 +291,7 @@ def test_each_cli_error_is_the_api_exception(case: str, here: Path, tmp_path: Pa
     assert len(lines) == 1 and lines[0].startswith("error: "), err
     with pytest.raises(kind) as raised:
         call()
-    assert isinstance(raised.value, StructNMTError)
+    assert type(raised.value) is kind  # the exact class, not only some StructNMTError
     assert message in str(raised.value)
     assert lines[0] == f"error: {raised.value}"
     assert not (tmp_path / "avg.pt").exists() and not (tmp_path / "a.png").exists()

@@ -123,6 +123,35 @@ def test_after_a_resume_the_log_holds_each_step_once(data_dir, tmp_path):
     assert [r["step"] for r in superseded] == [7, 8]
 
 
+def test_a_run_killed_before_its_first_checkpoint_starts_a_clean_log(data_dir, tmp_path):
+    (tmp_path / "run").mkdir()
+    with open(tmp_path / "run" / "log.jsonl", "w") as handle:  # logged, then killed before any save
+        for step in (1, 2):
+            handle.write(json.dumps({"kind": "train", "step": step, "loss": 99.0}) + "\n")
+        handle.write('{"kind": "train", "st')  # torn by the kill
+    make_trainer(tiny_cfg(tmp_path / "run", max_steps=3), data_dir).run(resume=True)
+    train = [r for r in read_log(tmp_path / "run" / "log.jsonl") if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2, 3] and all(r["loss"] != 99.0 for r in train)
+
+
+def test_a_word_longer_than_the_model_reads_is_cut_inside_the_word():
+    from structnmt.decoding.translate import shorten_to_fit
+
+    class OnePiecePerCharacter:
+        def encode(self, text):
+            return list(text.replace(" ", "")), None
+
+    class Pre:
+        task_tag = None
+        subwords = {"src": OnePiecePerCharacter()}
+
+        def tokenise(self, side, text):
+            return text
+
+    assert shorten_to_fit(Pre(), "ab cd ef", 4) == "ab cd"
+    assert shorten_to_fit(Pre(), "abcdefgh ij", 3) == "abc"
+
+
 def test_the_summary_names_the_metric_it_holds(data_dir, tmp_path):
     cfg = tiny_cfg(tmp_path / "run", max_steps=3, valid_bleu=False, early_stopping_metric="bleu")
     summary = make_trainer(cfg, data_dir).run()

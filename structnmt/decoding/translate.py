@@ -53,25 +53,32 @@ def _search(model: Transformer, batches: Iterator[tuple[np.ndarray, Batch]], n: 
 
 
 def shorten_to_fit(pre: Preprocessor, text: str, limit: int) -> str:
-    """The longest prefix of whole words of ``text`` whose source encoding has at most ``limit`` pieces."""
-    words = text.split(" ")
+    """The longest prefix of whole words of ``text`` whose source encoding has at most
+    ``limit`` pieces; when even the first word is too long (a URL, a script written without
+    spaces), that word's longest character prefix that fits."""
+    from structnmt.data.pipeline import tag
 
-    def pieces(k: int) -> int:
-        prefix = " ".join(words[:k])
+    def fits(prefix: str) -> bool:
+        tokens = pre.tokenise("src", prefix)
         if pre.task_tag is not None:
-            from structnmt.data.pipeline import tag
+            tokens = tag(tokens, pre.task_tag)
+        return len(pre.subwords["src"].encode(tokens)[0]) <= limit
 
-            return len(pre.subwords["src"].encode(tag(pre.tokenise("src", prefix), pre.task_tag))[0])
-        return len(pre.subwords["src"].encode(pre.tokenise("src", prefix))[0])
+    def longest(n: int, cut) -> int:  # the largest k in 0..n with fits(cut(k)), by bisection
+        low, high = 0, n
+        while low < high:
+            mid = (low + high + 1) // 2
+            if fits(cut(mid)):
+                low = mid
+            else:
+                high = mid - 1
+        return low
 
-    low, high = 0, len(words)  # pieces(low) fits; find the largest k that does
-    while low < high:
-        mid = (low + high + 1) // 2
-        if pieces(mid) <= limit:
-            low = mid
-        else:
-            high = mid - 1
-    return " ".join(words[:max(low, 1)])
+    words = text.split(" ")
+    k = longest(len(words), lambda k: " ".join(words[:k]))
+    if k > 0:
+        return " ".join(words[:k])
+    return words[0][:max(longest(len(words[0]), lambda k: words[0][:k]), 1)]
 
 
 def _warn_truncated(source: str | Path, truncated: list[int], limit: int) -> None:

@@ -39,7 +39,7 @@ def _log_progress(run_dir: Path) -> tuple[int | None, float | None]:
 def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
     """One row per run: state (done / stale / running / failed / interrupted / pending), step, BLEU."""
     from structnmt.locks import holder
-    from structnmt.study.runs import read_failure, read_record, stale_reason
+    from structnmt.study.runs import STUDY_LOCK, read_failure, read_record, stale_reason
 
     study = study if isinstance(study, Study) else load_study(study)
     first_test = (study.test_sets or [None])[0]
@@ -61,7 +61,7 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
                 rows.append(row)
                 continue
             row.update(state="stale", note=f"{reason}: will rerun")
-        if holder(run_dir) is not None:
+        if holder(run_dir / STUDY_LOCK) is not None or holder(run_dir) is not None:
             row.update(state="running", step=step, bleu=valid_bleu, note="valid BLEU so far")
         elif (failure := read_failure(study, recipe, seed)) is not None and row["state"] != "stale":
             tail = failure.get("log_tail") or []
@@ -92,11 +92,15 @@ def _say(text: str) -> None:
     print(f"[study] {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
 
 
+BUSY_PREFIX = "busy: "
+
+
 def prepare_datasets(study: Study, runs: list[tuple[str, int]]) -> dict[str, str]:
     """Prepare each distinct dataset the given runs need, once; returns {data.dir: error} for
     those that could not be prepared (their runs are recorded as failed)."""
     from structnmt.data.prepare import prepare
     from structnmt.errors import StructNMTError
+    from structnmt.locks import LockedError
 
     done: dict[str, str] = {}
     for recipe, seed in runs:
@@ -107,6 +111,9 @@ def prepare_datasets(study: Study, runs: list[tuple[str, int]]) -> dict[str, str
         try:
             prepare(cfg, verbose=False)
             done[cfg.data.dir] = ""
+        except LockedError as err:  # another process is preparing it: its runs wait for next time
+            done[cfg.data.dir] = BUSY_PREFIX + str(err)
+            _say(f"{cfg.data.dir} is being prepared by another process ({err}); its runs are skipped")
         except StructNMTError as err:
             done[cfg.data.dir] = str(err)
             _say(f"cannot prepare {cfg.data.dir}: {err}")
@@ -119,12 +126,19 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
 
     Returns ``{"runs": {"recipe/seedN": status}, "report": path or None}``.
     """
+    from structnmt.errors import ConfigError
     from structnmt.study.executors import run_local, run_submitit
     from structnmt.study.runs import read_record, stale_reason, write_failure
 
     study = load_study(path)
     kind = executor or study.executor.kind
     jobs = jobs or study.executor.jobs
+    if jobs < 1:
+        raise ConfigError(f"must be at least 1, got {jobs}", "--jobs")
+    unknown = sorted(set(only or []) - {r.name for r in study.recipes})
+    if unknown:
+        raise ConfigError(f"not a recipe of the study: {', '.join(unknown)} "
+                          f"(recipes: {', '.join(r.name for r in study.recipes)})", "--only")
     todo = []
     for recipe, seed in study.runs():
         if only and recipe not in only:
@@ -142,7 +156,9 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
         runnable = []
         for recipe, seed in todo:
             error = bad.get(study.run_config(recipe, seed).data.dir)
-            if error:
+            if error and error.startswith(BUSY_PREFIX):
+                results[f"{recipe}/seed{seed}"] = "busy"
+            elif error:
                 write_failure(study, recipe, seed, f"prepare failed: {error}", None)
                 results[f"{recipe}/seed{seed}"] = "failed"
             else:

@@ -29,13 +29,21 @@ EXIT_TO_STATUS = {0: DONE, 75: INTERRUPTED, 3: BUSY}
 
 
 def _child_setup(niceness: int) -> Callable[[], None]:
+    """What a run process does between fork and exec: nice itself, and ask the kernel for
+    SIGTERM when the study dies (Linux ``PR_SET_PDEATHSIG``). libc is loaded here, in the
+    parent, because loading a library after a fork of a threaded process can deadlock."""
+    try:
+        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        prctl = None
+    parent = os.getpid()
+
     def setup() -> None:
         os.nice(niceness)
-        try:  # Linux: SIGTERM when the parent (the study) dies
-            libc = ctypes.CDLL("libc.so.6", use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-        except OSError:
-            pass
+        if prctl is not None:
+            prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+            if os.getppid() != parent:  # the study died before prctl: stop now
+                os.kill(os.getpid(), signal.SIGTERM)
     return setup
 
 
@@ -114,12 +122,21 @@ def run_submitit(study: Study, runs: list[tuple[str, int]], cluster: str | None,
         submitted.append(((recipe, seed), job))
     results: dict[tuple[str, int], str] = {}
     for (recipe, seed), job in submitted:
-        try:
-            status = job.result()
-        except Exception as err:  # noqa: BLE001 (a job that died is one failed run)
-            status = FAILED_STATUS
-            write_failure(study, recipe, seed, f"job {job.job_id} failed: {str(err).strip()[-2000:]}",
-                          Path(str(job.paths.stderr)))
+        attempts = 0
+        while True:
+            try:
+                status = job.result()
+            except Exception as err:  # noqa: BLE001 (a job that died is one failed run)
+                status = FAILED_STATUS
+                write_failure(study, recipe, seed, f"job {job.job_id} failed: {str(err).strip()[-2000:]}",
+                              Path(str(job.paths.stderr)))
+            # SIGTERM (pre-emption, scancel) makes the trainer save and return "interrupted"
+            # rather than die, so submitit sees a finished job: submit it again to go on
+            if status != INTERRUPTED or attempts >= s.max_requeue:
+                break
+            attempts += 1
+            job = executor.submit(RunJob(), str(Path(study.path).absolute()), recipe, seed, cwd)
+            report(recipe, seed, f"interrupted; resubmitted as job {job.job_id} ({attempts} of {s.max_requeue})")
         results[(recipe, seed)] = status
         report(recipe, seed, status)
     return results

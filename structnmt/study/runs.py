@@ -31,11 +31,12 @@ from typing import Any
 
 from structnmt.errors import StructNMTError
 from structnmt.io import atomic_write_text
-from structnmt.study.spec import Study, config_digest
+from structnmt.study.spec import Study, config_digest, train_view
 
 RECORD = "record.json"
 FAILED = "failed.json"
 DIGEST_FILE = "study_digest.txt"  # in the work folder of a run: whose checkpoints these are
+STUDY_LOCK = "study-run"  # DirectoryLock(run_dir / STUDY_LOCK): the process that owns the run
 LOG_TAIL = 20
 
 #: how the parts of a run end
@@ -123,28 +124,27 @@ def read_failure(study: Study, recipe: str, seed: int) -> dict[str, Any] | None:
 
 
 def stale_reason(study: Study, recipe: str, seed: int, record: dict[str, Any]) -> str | None:
-    """Why a record no longer stands for today's run, or None when it does."""
+    """Why a record no longer stands for today's run, or None when it does.
+
+    Three things decide it: the training view of the config (what the final weights depend
+    on), the test view (decoding, test sets: a change re-tests the last checkpoint when it is
+    still there), and, when the dataset is on this machine, the identity of what the run reads.
+    """
+    from structnmt.training.checks import config_differences
+
     cfg = study.run_config(recipe, seed)
     if record.get("digest") != config_digest(cfg):
-        from structnmt.training.checks import config_differences
-
-        old, new = record.get("config") or {}, _digest_view(cfg)
-        fields = [k for k, _, _ in config_differences(old, new, "config")][:3]
+        fields = [k for k, _, _ in config_differences(record.get("config") or {}, train_view(cfg), "config")][:3]
         return "recipe changed" + (f" ({', '.join(f.removeprefix('config.') for f in fields)})" if fields else "")
+    if record.get("test") != study.test_view(cfg):
+        fields = [k for k, _, _ in config_differences(record.get("test") or {}, study.test_view(cfg), "test")][:3]
+        return f"testing changed ({', '.join(f.removeprefix('test.') for f in fields)})"
     if (Path(cfg.data.dir) / "meta.json").is_file():
         now = dataset_identity(cfg, bool(record.get("reads_trees")))
         if now != record.get("dataset"):
             parts = [k for k in now if now.get(k) != (record.get("dataset") or {}).get(k)]
             return f"dataset changed ({', '.join(parts)})"
     return None
-
-
-def _digest_view(cfg: Any) -> dict[str, Any]:
-    from structnmt.config import to_dict
-
-    raw = to_dict(cfg)
-    raw.pop("path", None)
-    return json.loads(json.dumps(raw, default=str))
 
 
 def _tail(path: Path, n: int = LOG_TAIL) -> list[str]:
@@ -167,6 +167,8 @@ def write_failure(study: Study, recipe: str, seed: int, error: str, log: Path | 
 
 def _write_record(study: Study, recipe: str, seed: int, record: dict[str, Any], hyps: dict[str, Path],
                   log: Path) -> None:
+    from structnmt.io import current_umask, replace_dir
+
     final = study.record_dir(recipe, seed)
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
@@ -177,16 +179,21 @@ def _write_record(study: Study, recipe: str, seed: int, record: dict[str, Any], 
         if log.is_file():
             shutil.copyfile(log, tmp / "log.jsonl")
         atomic_write_text(tmp / RECORD, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
-        old = None
-        if final.exists():
-            old = final.with_name(f".{final.name}.old.{os.getpid()}")
-            os.replace(final, old)
-        os.replace(tmp, final)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
+        os.chmod(tmp, 0o777 & ~current_umask())
+        replace_dir(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def remove_stale_temporaries(study: Study, recipe: str, seed: int) -> None:
+    """Record folders half-written by a killed run (``.seedN.*.tmp``, ``.seedN.old.*``); the
+    caller holds the run's study lock, so nobody else is writing them."""
+    final = study.record_dir(recipe, seed)
+    if final.parent.is_dir():
+        for path in final.parent.glob(f".{final.name}.*"):
+            if path.name.endswith(".tmp") or ".old." in path.name:
+                shutil.rmtree(path, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------
@@ -228,21 +235,36 @@ def execute_run(study: Study, recipe: str, seed: int) -> str:
 
 
 def _execute(study: Study, recipe: str, seed: int, run_dir: Path) -> str:
+    """Under the run's study lock from start to record: one process owns a run at a time,
+    through training, testing and writing its record."""
+    from structnmt.locks import DirectoryLock
+
+    with DirectoryLock(run_dir / STUDY_LOCK, "study run", messages=lambda m: print(m, file=sys.stderr)):
+        remove_stale_temporaries(study, recipe, seed)
+        return _train_test_record(study, recipe, seed, run_dir)
+
+
+def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> str:
     from structnmt.evaluation.run_eval import evaluate_run
     from structnmt.training.trainer import train
 
     cfg = study.run_config(recipe, seed)
     digest = config_digest(cfg)
     trees = reads_trees(cfg)
+    identity = dataset_identity(cfg, trees)
+    # whose checkpoints these are: the training view and the data it read; anything else and
+    # the folder (the study's own) is cleared, so that no checkpoint of another recipe or of
+    # other trees is resumed and then recorded as today's run
+    owner = json.dumps({"digest": digest, "dataset": identity}, sort_keys=True)
     marker = run_dir / DIGEST_FILE
     resume = False
     if run_dir.exists():
-        if marker.is_file() and marker.read_text().strip() == digest:
+        if marker.is_file() and marker.read_text().strip() == owner:
             resume = any(run_dir.glob("*.pt"))
-        else:  # checkpoints of an older recipe: this folder belongs to the study, start again
+        else:
             _clear_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(marker, digest + "\n")
+    atomic_write_text(marker, owner + "\n")
     started = time.time()
     summary = train(cfg, resume=resume)
     train_seconds = time.time() - started
@@ -263,8 +285,8 @@ def _execute(study: Study, recipe: str, seed: int, run_dir: Path) -> str:
     valid = [r for r in read_log(run_dir / "log.jsonl") if r.get("kind") == "valid"]
     record = {
         "study": study.name, "recipe": recipe, "seed": seed, "digest": digest,
-        "config": _digest_view(cfg), "recipe_file": study.recipe(recipe).config,
-        "reads_trees": trees, "dataset": dataset_identity(cfg, trees),
+        "config": train_view(cfg), "test": study.test_view(cfg), "recipe_file": study.recipe(recipe).config,
+        "reads_trees": trees, "dataset": identity,
         "updates": summary["step"], "epochs": summary["epoch"], "status": summary["status"],
         "train_seconds": round(train_seconds, 1), "test_seconds": round(test_seconds, 1),
         "device": run_info.get("device"), "precision": run_info.get("precision"), "cpu": _cpu_name(),
@@ -289,7 +311,7 @@ def _clear_run_dir(run_dir: Path) -> None:
 
     with DirectoryLock(run_dir, "study reset", messages=lambda _m: None):
         for path in run_dir.iterdir():
-            if path.name == "worker.log":
+            if path.name in ("worker.log", f".{STUDY_LOCK}.lock"):
                 continue
             if path.is_dir():
                 shutil.rmtree(path)

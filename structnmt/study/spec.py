@@ -98,6 +98,11 @@ class Study:
     def record_dir(self, recipe: str, seed: int) -> Path:
         return self.records / recipe / f"seed{seed}"
 
+    def test_view(self, cfg: ExperimentConfig) -> dict[str, Any]:
+        """What decides a run's test scores once its weights are fixed: decoding and test sets."""
+        return {"decoding": json.loads(json.dumps(to_dict(cfg.decoding), default=str)),
+                "test_sets": self.test_sets, "long_dependency": self.long_dependency}
+
     def run_config(self, recipe: str, seed: int) -> ExperimentConfig:
         """The recipe's config with the study's and the recipe's overrides, its seed and the
         study's fixed update budget."""
@@ -184,15 +189,28 @@ def load_study(path: str | Path) -> Study:
     if test_sets is not None and (not isinstance(test_sets, list) or not all(isinstance(t, str) for t in test_sets)):
         raise ConfigError("expected a list of split names", "test_sets", path)
     executor = raw.get("executor") or {}
+    if not isinstance(executor, dict):
+        raise ConfigError("expected a mapping such as {kind: local, jobs: 2}", "executor", path)
     _check_keys(executor, EXECUTOR_FIELDS, "executor", path)
     ex = ExecutorSpec(**executor)
-    if ex.kind not in ("local", "slurm"):
+    if ex.kind not in ("local", "slurm", "submitit-local"):
         raise ConfigError(f"must be local or slurm, got {ex.kind!r}", "executor.kind", path)
     _int(ex.jobs, "executor.jobs", path, 1)
     _int(ex.threads, "executor.threads", path, 0)
     _int(ex.nice, "executor.nice", path, 0)
     slurm = raw.get("slurm") or {}
+    if not isinstance(slurm, dict):
+        raise ConfigError("expected a mapping such as {partition: gpu, time_min: 240}", "slurm", path)
     _check_keys(slurm, SLURM_FIELDS, "slurm", path)
+    for key in ("time_min", "gpus_per_run", "cpus_per_run", "max_requeue"):
+        if key in slurm:
+            _int(slurm[key], f"slurm.{key}", path)
+    if "mem_gb" in slurm and slurm["mem_gb"] is not None:
+        _int(slurm["mem_gb"], "slurm.mem_gb", path, 1)
+    if "options" in slurm and not isinstance(slurm["options"], dict):
+        raise ConfigError("expected a mapping of sbatch options", "slurm.options", path)
+    if "partition" in slurm and slurm["partition"] is not None and not isinstance(slurm["partition"], str):
+        raise ConfigError("expected a partition name", "slurm.partition", path)
     study = Study(
         name=name, path=path, baseline=baseline, seeds=seeds, max_steps=max_steps, recipes=recipes,
         test_sets=test_sets, overrides=dict(overrides),
@@ -220,13 +238,29 @@ def load_study(path: str | Path) -> Study:
     return study
 
 
-def config_digest(cfg: ExperimentConfig) -> str:
-    """What decides a run's result, as a hash: the whole config after overrides, less the
-    fields that only say where things go or how fast."""
-    raw = to_dict(cfg)
+#: training fields that change neither the weights a run ends with nor what it reads
+TRAINING_FIELDS_WITHOUT_EFFECT = ("out_dir", "threads", "progress", "tensorboard", "num_workers", "valid_every",
+                                  "valid_beam", "valid_bleu", "log_every", "keep_last")
+
+
+def train_view(cfg: ExperimentConfig) -> dict[str, Any]:
+    """What decides a run's final weights: the config after overrides, less where things go,
+    how fast, how often it is watched (validation does not touch the weights or the random
+    streams) and how it is tested (``decoding``: see :meth:`Study.test_view`)."""
+    raw = json.loads(json.dumps(to_dict(cfg), default=str))
     raw.pop("path", None)
-    for key in ("out_dir", "threads", "progress", "tensorboard", "num_workers"):
+    raw.pop("decoding", None)
+    for key in TRAINING_FIELDS_WITHOUT_EFFECT:
         raw.get("training", {}).pop(key, None)
     for key in ("processes", "cache_dir"):
         (raw.get("data") or {}).pop(key, None)
-    return hashlib.sha256(json.dumps(raw, sort_keys=True, default=str).encode()).hexdigest()
+    return raw
+
+
+def digest_of(view: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()
+
+
+def config_digest(cfg: ExperimentConfig) -> str:
+    """The training digest of a run (:func:`train_view` hashed)."""
+    return digest_of(train_view(cfg))

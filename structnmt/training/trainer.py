@@ -234,11 +234,13 @@ class Trainer:
             write_run_files(self.run_dir, self.cfg, sum(p.numel() for p in self.updater.model.parameters()),
                             str(self.device), self.ctx.world_size,
                             str(self.updater.amp_dtype or torch.float32).replace("torch.", ""), start)
-            if start is not None:
-                moved = rewind_log(self.run_dir / "log.jsonl", self.progress.step)
-                if moved:
-                    _stderr(f"{moved} log records after step {self.progress.step} (trained again now) moved "
-                            "to log.superseded.jsonl")
+            # from a checkpoint: the steps after it are trained again; from scratch (a run killed
+            # before its first checkpoint, resumed): all of them are
+            since = self.progress.step if start is not None else 0
+            moved = rewind_log(self.run_dir / "log.jsonl", since)
+            if moved:
+                _stderr(f"{moved} log records after step {since} (trained again now) moved "
+                        "to log.superseded.jsonl")
         if fallback:
             _stderr(fallback)
         log = RunLogger(self.run_dir, enabled=self.ctx.is_main, tensorboard=self.t.tensorboard,
