@@ -119,16 +119,16 @@ def _one_shot(data: DataConfig, tmp: Path, verbose: bool) -> dict:
     work = tmp / ".work"
     plan = make_plan(data, work / "plan", cache_dir_of(data), verbose)
     record = encode_shard(data, plan, work / "plan", work / "shard", 0, 1, cache_dir_of(data), verbose)
-    meta = _finish(data, plan, work / "plan", [(work / "shard", record)], tmp, verbose)
+    meta = _finish(data, plan, work / "plan", [(work / "shard", record)], tmp, verbose, move=True)
     shutil.rmtree(work)
     return meta
 
 
 def _finish(data: DataConfig, plan: dict, plan_dir: Path, shards: list[tuple[Path, dict]], tmp: Path,
-            verbose: bool) -> dict:
+            verbose: bool, move: bool = False) -> dict:
     """Assemble the shards into ``tmp``, copy the sub-word models and return meta.json's content."""
     clock = time.perf_counter()
-    joined = assemble(data, plan, shards, tmp, verbose)
+    joined = assemble(data, plan, shards, tmp, verbose, move=move)
     for name in plan["inputs"]["subwords"]:
         shutil.copy2(plan_dir / name, tmp / name)
     seconds = dict(plan["seconds"])

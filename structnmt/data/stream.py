@@ -373,9 +373,11 @@ def _labels_before(data: DataConfig, record: dict, split: str) -> int:
 
 
 def assemble(data: DataConfig, plan: dict, shards: list[tuple[Path, dict]], out: Path,
-             verbose: bool = True, messages=print) -> dict:
+             verbose: bool = True, messages=print, move: bool = False) -> dict:
     """Join the shards' splits into ``out`` (one split directory each); returns the meta's split entries
-    and label list. A part on its own whose labels need no renumbering is moved, not copied."""
+    and label list. With ``move`` (a one-shot prepare's private work folder), a part on its own whose
+    labels need no renumbering is moved, not copied; a merge never moves, since a merge killed
+    half-way must leave every finished shard whole for the next one."""
     say = messages if verbose else (lambda _m: None)
     records = [record for _, record in shards]
     labels = label_list(data, records)
@@ -392,7 +394,7 @@ def assemble(data: DataConfig, plan: dict, shards: list[tuple[Path, dict]], out:
         target = out / split
         with Progress(f"{split}: merge", total=sum(p[2]["n"] for p in parts), unit="pairs",
                       enabled=verbose and len(parts) > 1) as bar:
-            if len(parts) == 1 and np.array_equal(parts[0][1], np.arange(len(parts[0][1]))):
+            if move and len(parts) == 1 and np.array_equal(parts[0][1], np.arange(len(parts[0][1]))):
                 shutil.move(str(parts[0][0]), str(target))
             else:
                 _concatenate(parts, target, bar)

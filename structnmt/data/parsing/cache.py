@@ -21,6 +21,7 @@ from pathlib import Path
 
 from structnmt.data.example import DepTree
 from structnmt.data.parsing.base import Convention, Parser
+from structnmt.errors import DataError
 
 #: how long a shard waits for another one's write to finish before giving up (seconds)
 BUSY_TIMEOUT = 600.0
@@ -51,7 +52,7 @@ class CachedParser:
         self.misses = 0
         self._db: sqlite3.Connection | None = None
 
-    def _connect(self) -> sqlite3.Connection:
+    def _connect(self, retried: bool = False) -> sqlite3.Connection:
         if self._db is not None:
             return self._db
         self.path.parent.mkdir(parents=True, exist_ok=True)
@@ -70,14 +71,22 @@ class CachedParser:
                 db.execute("DELETE FROM trees")
                 db.execute("INSERT OR REPLACE INTO info VALUES ('parser', ?)", (json.dumps(self.identity),))
             db.execute("COMMIT")
-        except sqlite3.DatabaseError as err:
-            # a damaged cache is only a lost speed-up: start a new one rather than fail
+        except sqlite3.OperationalError as err:
+            # locked past the timeout, read-only, out of space: not damage; other shards may
+            # have it open, so it is never deleted for this
             db.close()
+            raise DataError(f"cannot use the parse cache ({err}); is another process holding it, or the disk "
+                            "full or read-only?", self.path) from None
+        except sqlite3.DatabaseError as err:
+            # a damaged cache is only a lost speed-up: start a new one rather than fail (once)
+            db.close()
+            if retried:
+                raise DataError(f"the parse cache is damaged and could not be made anew ({err})", self.path) from None
             self.messages(f"{self.path}: unreadable parse cache ({err}); starting a new one")
             for suffix in ("", "-wal", "-shm"):
                 with contextlib.suppress(FileNotFoundError):
                     Path(f"{self.path}{suffix}").unlink()
-            return self._connect()
+            return self._connect(retried=True)
         self._db = db
         return db
 
