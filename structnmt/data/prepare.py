@@ -39,7 +39,7 @@ from structnmt.data.identity import StaleDatasetError, check_unchanged
 from structnmt.data.pipeline import SIDES
 from structnmt.data.stream import assemble, encode_shard, make_plan, task_tag
 from structnmt.errors import ConfigError, StructNMTError
-from structnmt.io import atomic_write_text, make_temp_dir
+from structnmt.io import atomic_write_text, make_temp_dir, replace_dir
 from structnmt.locks import DirectoryLock
 
 FORMAT_VERSION = 1
@@ -220,13 +220,7 @@ def _swap(tmp: Path, out: Path, cache_dir: Path) -> None:
     inside = out / ".parse_cache"
     if cache_dir.resolve() == inside.resolve() and inside.is_dir():
         os.replace(inside, tmp / ".parse_cache")
-    old = None
-    if out.exists():
-        old = out.parent / f".{out.name}.old.{os.getpid()}"
-        os.replace(out, old)
-    os.replace(tmp, out)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    replace_dir(tmp, out)
 
 
 # ---------------------------------------------------------------------------

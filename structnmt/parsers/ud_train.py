@@ -28,7 +28,7 @@ from conllu.parser import DEFAULT_FIELDS, parse_line
 import structnmt
 from structnmt.data.example import DepTree
 from structnmt.errors import ConfigError, DataError
-from structnmt.io import atomic_write_bytes, atomic_write_text, sha256_file
+from structnmt.io import atomic_write_bytes, atomic_write_text, replace_dir, sha256_file
 
 DEV_EVERY = 10  # without a dev file, every 10th sentence is held out for spaCy's model selection
 
@@ -322,17 +322,6 @@ sents_f = 0.0
 """
 
 
-def _replace_dir(src: Path, dst: Path) -> None:
-    """Move a finished directory into place; an older one is removed only once the new one is there."""
-    old = None
-    if dst.exists():
-        old = dst.with_name(f".{dst.name}.old-{os.getpid()}")
-        os.replace(dst, old)
-    os.replace(src, dst)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
-
-
 def train_ud_parser(
     lang: str,
     conllu_files: list[Path],
@@ -430,7 +419,7 @@ def train_ud_parser(
         seconds, cpu_seconds = time.monotonic() - started, time.process_time() - cpu_started
         for name in ("model-best", "model-last"):
             _record_time(work / name, seconds, cpu_seconds)
-            _replace_dir(work / name, out / name)
+            replace_dir(work / name, out / name)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return out / "model-best"
