@@ -163,8 +163,10 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
     sigs = sorted({s for rows in table.values() for row in rows.values() for s in row["signature"].values()})
     if sigs:
         lines += ["sacreBLEU signatures: " + "; ".join(f"`{s}`" for s in sigs), ""]
-    rule = next((row["verdict"]["rule"] for rows in table.values() for row in rows.values() if "verdict" in row),
-                "(no verdict: the references of the test sets are not on this machine)")
+    from structnmt.evaluation.significance import SEED_RULE
+
+    rule = next((row["verdict"]["rule"] for rows in table.values() for row in rows.values()
+                 if "rule" in row.get("verdict", {})), SEED_RULE.format(alpha=0.05, n=1000, seed=12345))
     lines += ["## Scores", "", f"Verdicts against `{study.baseline}`: {rule} p per seed pair is given as "
               "system seed/baseline seed: p.", ""]
     for test, rows in table.items():
