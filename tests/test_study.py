@@ -221,3 +221,13 @@ def test_the_submitit_path_runs_a_study_with_its_local_executor(recipes, tmp_pat
     study = load_study(path)
     assert json.loads((study.record_dir("vanilla", 1) / "record.json").read_text())["updates"] == 10
     assert any((study.work_dir / "submitit").rglob("*_result.pkl"))
+
+
+@pytest.mark.parametrize("name", ["multi30k_en_de", "multi30k_en_fr", "syncattn_lambda"])
+def test_the_committed_study_files_are_valid(name, monkeypatch):
+    monkeypatch.chdir(ROOT)  # recipes are named from the project's root
+    study = load_study(Path("studies") / f"{name}.yaml")
+    assert study.max_steps == 1200 and study.runs()[0][0] == study.baseline
+    for recipe in study.recipes:  # every run trains exactly the budget, no wall-clock stop
+        cfg = study.run_config(recipe.name, study.seeds[0])
+        assert (cfg.training.max_steps, cfg.training.max_minutes) == (1200, 0)
