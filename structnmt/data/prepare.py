@@ -102,17 +102,19 @@ def prepare(cfg: ExperimentConfig, force: bool = False, verbose: bool = True) ->
     """
     data = _data(cfg)
 
-    def run() -> Path:
-        out = Path(data.dir)
-        # one prepare per dataset directory at a time: a second one is refused at once, naming
-        # the holder (two would race to rename their results into place)
-        with DirectoryLock(out, "prepare", messages=_messages(verbose)):
-            _remove_stale_temporaries(out, verbose)
-            if _keep_existing(out, data, force, verbose):
-                return out
-            return _build_and_swap(out, data, verbose, _one_shot)
+    return _named(cfg, lambda: _locked_build(data, force, verbose, _one_shot)[0])
 
-    return _named(cfg, run)
+
+def _locked_build(data: DataConfig, force: bool, verbose: bool, build) -> tuple[Path, bool]:
+    """Under the dataset directory's lock (one prepare at a time: a second is refused at once,
+    naming the holder), remove a dead prepare's leftovers, keep an up-to-date dataset, or
+    build a new one with ``build`` and swap it in. Returns (directory, whether it was built)."""
+    out = Path(data.dir)
+    with DirectoryLock(out, "prepare", messages=_messages(verbose)):
+        _remove_stale_temporaries(out, verbose)
+        if _keep_existing(out, data, force, verbose):
+            return out, False
+        return _build_and_swap(out, data, verbose, build), True
 
 
 def _one_shot(data: DataConfig, tmp: Path, verbose: bool) -> dict:
@@ -356,22 +358,16 @@ def merge_shards(cfg: ExperimentConfig, force: bool = False, verbose: bool = Tru
     have, and join them into ``data.dir`` (the shards are removed afterwards unless ``keep``)."""
     data = _data(cfg)
 
+    def build(data: DataConfig, tmp: Path, verbose: bool) -> dict:
+        plan_dir, plan = current_plan(data)
+        shards = check_shards(data, plan, shards_dir(data))
+        meta = _finish(data, plan, plan_dir, shards, tmp, verbose)
+        meta["shards"] = len(shards)
+        return meta
+
     def run() -> Path:
-        out = Path(data.dir)
-        with DirectoryLock(out, "prepare", messages=_messages(verbose)):
-            _remove_stale_temporaries(out, verbose)
-            if _keep_existing(out, data, force, verbose):
-                return out
-            plan_dir, plan = current_plan(data)
-            shards = check_shards(data, plan, shards_dir(data))
-
-            def build(data: DataConfig, tmp: Path, verbose: bool) -> dict:
-                meta = _finish(data, plan, plan_dir, shards, tmp, verbose)
-                meta["shards"] = len(shards)
-                return meta
-
-            _build_and_swap(out, data, verbose, build)
-        if not keep:
+        out, built = _locked_build(data, force, verbose, build)
+        if built and not keep:
             shutil.rmtree(shards_dir(data), ignore_errors=True)
         return out
 

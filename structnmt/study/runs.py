@@ -103,24 +103,22 @@ def reads_trees(cfg: Any) -> bool:
 # records
 
 
-def read_record(study: Study, recipe: str, seed: int) -> dict[str, Any] | None:
-    path = study.record_dir(recipe, seed) / RECORD
+def _read_json(path: Path, unreadable: dict[str, Any] | None) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except ValueError:
-        return None
+        return unreadable
+
+
+def read_record(study: Study, recipe: str, seed: int) -> dict[str, Any] | None:
+    """The run's record; a torn one counts as none (the run is done again)."""
+    return _read_json(study.record_dir(recipe, seed) / RECORD, None)
 
 
 def read_failure(study: Study, recipe: str, seed: int) -> dict[str, Any] | None:
-    path = study.record_dir(recipe, seed) / FAILED
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
-        return {"error": "unreadable failed.json"}
+    return _read_json(study.record_dir(recipe, seed) / FAILED, {"error": "unreadable failed.json"})
 
 
 def stale_reason(study: Study, recipe: str, seed: int, record: dict[str, Any]) -> str | None:
