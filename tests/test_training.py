@@ -174,10 +174,14 @@ def test_resume_is_bitwise_exact_in_process(data_dir, tmp_path):
     straight = make_trainer(tiny_cfg(tmp_path / "a", max_steps=6, accumulate=2), data_dir)
     straight.run()
     first = make_trainer(tiny_cfg(tmp_path / "b", max_steps=3, accumulate=2), data_dir)
-    assert first.run()["step"] == 3
+    first_summary = first.run()
+    assert first_summary["step"] == 3
     second = make_trainer(tiny_cfg(tmp_path / "b", max_steps=6, accumulate=2), data_dir)
     summary = second.run(resume=True)
     assert summary["step"] == 6
+    # training time counts both calls (a study records it), not only the resumed one
+    assert second.progress.elapsed_s > first.progress.elapsed_s > 0
+    assert summary["train_seconds"] == round(second.progress.elapsed_s, 1)
     want, got = params(straight.updater.model), params(second.updater.model)
     assert want.keys() == got.keys()
     for name in want:

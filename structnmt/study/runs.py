@@ -263,9 +263,8 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
             _clear_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, owner + "\n")
-    started = time.time()
     summary = train(cfg, resume=resume)
-    train_seconds = time.time() - started
+    train_seconds = summary["train_seconds"]  # summed over resumed calls, not only this one
     if summary["status"] == "interrupted":
         return INTERRUPTED
     if summary["status"] == "diverged":

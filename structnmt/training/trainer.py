@@ -274,6 +274,7 @@ class Trainer:
             "best_step": p.best_step,
             "metric": metric_name(self.t, self.t.valid_bleu and self.decode is not None),
             "bad_steps": p.bad_total,
+            "train_seconds": round(p.elapsed_s, 1),  # every call's, across resumes (kept in checkpoints)
             "run_dir": str(self.run_dir),
             "last": str(self.run_dir / "last.pt"),
             "best": str(self.run_dir / "best.pt") if (self.run_dir / "best.pt").exists() else None,
