@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
-# The Multi30k studies one after another, in the background: each `structnmt study` skips the
-# runs its records already hold, so this can be started again after any stop, on any machine.
+# The Multi30k studies in the background: each `structnmt study` skips the runs its records
+# already hold, so this can be started again after any stop, on any machine.
 #   nohup studies/run_all.sh > runs/studies.log 2>&1 &
-# En->Fr runs after the SyncAttn lambda sweep (set its recipe's lambda_sync to the sweep's best).
+# Order: En->De; En->Fr's runs that do not depend on SyncAttn's lambda; the lambda sweep (val
+# only); then, once configs/multi30k_en_fr_syncattn.yaml has the sweep's best lambda_sync
+# (studies/sweep_choice.py checks, and stops here until it does), En->Fr's SyncAttn runs.
 set -u
 cd "$(dirname "$0")/.."
-for study in multi30k_en_de syncattn_lambda multi30k_en_fr; do
-  nice -n 10 structnmt study "studies/$study.yaml" || echo "[run_all] $study: not every run finished"
-done
+study() { nice -n 10 structnmt study "studies/$1.yaml" "${@:2}" || echo "[run_all] $1: not every run finished"; }
+study multi30k_en_de
+study multi30k_en_fr --only transformer dbsa
+study syncattn_lambda
+if python studies/sweep_choice.py; then
+  study multi30k_en_fr
+else
+  echo "[run_all] En->Fr SyncAttn waits for the sweep's lambda (above)"
+fi
