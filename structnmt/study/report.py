@@ -8,21 +8,23 @@ still has every score, and says that it could not test significance.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Any
 
+from structnmt.evaluation.significance import mean_sd
 from structnmt.io import atomic_write_text
 from structnmt.study.runs import read_failure, read_record, stale_reason
 from structnmt.study.spec import Study
 
 
 def _mean_sd(values: list[float]) -> str:
+    """A table cell: the seeds are listed beside it, so mean (± sd) without the count."""
     if not values:
         return "-"
-    if len(values) == 1:
-        return f"{values[0]:.2f}"
-    return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
+    mean, sd = mean_sd(values)
+    return f"{mean:.2f}" if math.isnan(sd) else f"{mean:.2f} ± {sd:.2f}"
 
 
 def _references(study: Study, recipe: str, seed: int, test: str, scores: dict[str, Any]) -> list[str] | None:
@@ -99,7 +101,10 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
                 if refs is not None:
                     result = compare_seeds([_hyps(study, recipe, s, test) for s in seeds],
                                            [_hyps(study, study.baseline, s, test) for s in base_seeds], [refs])
-                    row["verdict"] = {"verdict": result.verdict, "rule": result.rule,
+                    verdict = result.verdict
+                    if min(len(seeds), len(base_seeds)) < len(study.seeds):  # the rule wants every seed
+                        verdict += f" so far ({min(len(seeds), len(base_seeds))} of {len(study.seeds)} seeds)"
+                    row["verdict"] = {"verdict": verdict, "rule": result.rule,
                                       "p": {f"{seeds[s]}/{base_seeds[b]}": r.p_value for s, b, r in result.pairs}}
             rows[recipe] = row
         out[test] = rows
