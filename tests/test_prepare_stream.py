@@ -317,7 +317,8 @@ def test_a_failing_shard_job_is_reported_in_one_line(tmp_path: Path, monkeypatch
     conllu = Path(cfg.data.src.parser.conllu["val"])  # type: ignore[union-attr]
     conllu.write_text(conllu.read_text().replace("\t", "\tX", 1))
     prepare_subwords(cfg, verbose=False)
-    from structnmt.data.shards import ShardJobError, run_shards
+    from structnmt.data.prepare import run_shards
+    from structnmt.data.shards import ShardJobError
 
     with pytest.raises(ShardJobError, match=r"^shard 1/2: .*val.conllu:1: word 'Xcat' does not match the text here: "
                                             r".*; fix it and run the same command again \(finished shards are kept\)$"):

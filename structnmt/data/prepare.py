@@ -424,11 +424,43 @@ def _digests(subwords: dict | None) -> str:
     return ", ".join(f"{name} {digest[:12]}…" for name, digest in sorted((subwords or {}).items())) or "none"
 
 
+def shard_job(cfg: ExperimentConfig, index: int, count: int) -> str | None:
+    """What a shard job runs: one shard. A user-facing error comes back as its one-line message."""
+    try:
+        prepare_shard(cfg, index, count, verbose=True)
+    except StructNMTError as err:
+        return str(err)
+    return None
+
+
+def run_shards(cfg: ExperimentConfig, count: int, slurm: bool = False, params: dict | None = None,
+               verbose: bool = True) -> None:
+    """Run every shard not yet encoded from the current plan (as jobs), and wait for all of them."""
+    from structnmt.data.shards import run_jobs
+
+    data = _data(cfg)
+    if count < 1:
+        raise StructNMTError(f"--jobs: expected at least 1 shard, got {count}")
+    work = shards_dir(data)
+    _, plan = current_plan(data)
+    todo = []
+    for index in range(count):
+        record = read_shard_record(work / shard_name(index, count))
+        if not (record and record.get("config_digest") == plan["config_digest"]
+                and record.get("subwords") == plan["inputs"]["subwords"]):
+            todo.append(index)
+    for stale in sorted(work.glob("shard-*")):
+        if not stale.name.endswith(f"-of-{count:03d}"):  # from a run with another shard count
+            if verbose:
+                print(f"{stale}: from a run with another number of shards; removed")
+            shutil.rmtree(stale, ignore_errors=True)
+    if todo:
+        run_jobs(shard_job, cfg, todo, count, work / "jobs", slurm, params, verbose)
+
+
 def prepare_sharded(cfg: ExperimentConfig, jobs: int, slurm: bool = False, params: dict | None = None,
                     force: bool = False, verbose: bool = True) -> Path:
     """All three stages: the plan here, ``jobs`` shards as local processes or a SLURM array, the merge here."""
-    from structnmt.data.shards import run_shards
-
     data = _data(cfg)
     out = Path(data.dir)
     if out.exists() and not force:
