@@ -175,7 +175,7 @@ def demo(work: str | Path = "demo", minutes: float = 3.0, train_size: int = 2000
     """The whole pipeline on the built-in synthetic task (``structnmt demo``): the task written
     to ``WORK/data``, the dataset to ``WORK/dataset``, the run to ``WORK/run``; returns the test
     scores with the ``run`` directory and the training ``summary``."""
-    from structnmt.training.demo import run_demo
+    from structnmt.demo import run_demo
 
     return run_demo(work, minutes, train_size, seed, _overrides(overrides), verbose, valid_size, test_size)
 
