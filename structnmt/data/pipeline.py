@@ -22,7 +22,7 @@ from pathlib import Path
 from structnmt.config import DataConfig, SideConfig, from_dict
 from structnmt.data.example import DepTree, Example, Scenes, Side
 from structnmt.data.identity import parser_identity
-from structnmt.data.parsing.base import Parser, make_parser
+from structnmt.data.parsing import Parser, make_parser
 from structnmt.data.parsing.cache import CachedParser
 from structnmt.data.tokenisation import MosesTokeniser, SubwordModel
 from structnmt.errors import ConfigError, DataError
