@@ -20,20 +20,26 @@ from structnmt.study.spec import Study, load_study
 __all__ = ["Study", "format_status", "load_study", "run_study", "study_status"]
 
 
-def _log_progress(run_dir: Path) -> tuple[int | None, float | None]:
-    """(last step, last validation BLEU) read from a run's log.jsonl."""
+def _log_progress(run_dir: Path) -> tuple[int | None, float | None, float | None]:
+    """(last step, last validation BLEU, training seconds per update lately) from a run's log.jsonl."""
     from structnmt.training.logger import read_log
 
     log = run_dir / "log.jsonl"
     if not log.is_file():
-        return None, None
+        return None, None, None
     step, bleu = None, None
+    clock: list[tuple[int, float]] = []  # (step, elapsed_s) of train records
     for record in read_log(log):
         if isinstance(record.get("step"), int):
             step = record["step"]
         if record.get("kind") == "valid" and isinstance(record.get("bleu"), (int, float)):
             bleu = float(record["bleu"])
-    return step, bleu
+        if record.get("kind") == "train" and isinstance(record.get("elapsed_s"), (int, float)):
+            clock.append((record["step"], float(record["elapsed_s"])))
+    rate = None
+    if len(clock) >= 2 and clock[-1][0] > clock[-2][0] and clock[-1][1] > clock[-2][1]:
+        rate = (clock[-1][1] - clock[-2][1]) / (clock[-1][0] - clock[-2][0])
+    return step, bleu, rate
 
 
 def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
@@ -49,7 +55,7 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
                                "note": ""}
         record = read_record(study, recipe, seed)
         run_dir = study.run_dir(recipe, seed)
-        step, valid_bleu = _log_progress(run_dir)
+        step, valid_bleu, per_update = _log_progress(run_dir)
         if record is not None:
             reason = stale_reason(study, recipe, seed, record)
             scores = record.get("scores") or {}
@@ -62,7 +68,9 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
                 continue
             row.update(state="stale", note=f"{reason}: will rerun")
         if holder(run_dir / STUDY_LOCK) is not None or holder(run_dir) is not None:
-            row.update(state="running", step=step, bleu=valid_bleu, note="valid BLEU so far")
+            left = f"; about {(study.max_steps - step) * per_update / 60:.0f} min of training left" \
+                if per_update and step is not None and step < study.max_steps else ""
+            row.update(state="running", step=step, bleu=valid_bleu, note=f"valid BLEU so far{left}")
         elif (failure := read_failure(study, recipe, seed)) is not None and row["state"] != "stale":
             tail = failure.get("log_tail") or []
             row.update(state="failed", step=step, note=failure.get("error", "")[:200],
