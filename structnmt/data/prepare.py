@@ -261,9 +261,7 @@ def prepare_subwords(cfg: ExperimentConfig, force: bool = False, verbose: bool =
             tmp = make_temp_dir(prefix=".plan.", suffix=".tmp", dir=work)
             try:
                 make_plan(data, tmp, cache_dir_of(data), verbose)
-                if final.exists():
-                    shutil.rmtree(final)
-                os.replace(tmp, final)
+                replace_dir(tmp, final)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
@@ -335,9 +333,7 @@ def prepare_shard(cfg: ExperimentConfig, index: int, count: int, verbose: bool =
             tmp = make_temp_dir(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
             try:
                 encode_shard(data, plan, plan_dir, tmp, index, count, cache_dir_of(data), verbose)
-                if final.exists():
-                    shutil.rmtree(final)
-                os.replace(tmp, final)
+                replace_dir(tmp, final)
             except BaseException:
                 shutil.rmtree(tmp, ignore_errors=True)
                 raise
