@@ -2,6 +2,7 @@
 
     nice python benchmarks/bench_prepare.py scale --sizes 250000 2000000          # no parser
     nice python benchmarks/bench_prepare.py scale --sizes 20000 80000 --parser auto  # English UD parser
+    nice python benchmarks/bench_prepare.py scale --sizes 100000 400000 --parser auto --sample-pairs 100000
     nice python benchmarks/bench_prepare.py shards --sizes 100000 --jobs 4         # merged shards == one go
     nice python benchmarks/bench_prepare.py first-update --sizes 250000 2000000   # training on each dataset
     nice python benchmarks/bench_prepare.py processes --sizes 29000 --parser auto  # 1 and 2 parser processes
@@ -65,7 +66,7 @@ def parser_model(choice: str, ud: str) -> str | None:
 
 
 def write_config(path: Path, src: Path, tgt: Path, dataset: Path, parser: str | None, processes: int = 1,
-                 training: dict | None = None) -> Path:
+                 training: dict | None = None, sample_pairs: int | None = None) -> Path:
     side = {"lang": "en"}
     if parser is not None:
         side.update(parser={"backend": "spacy", "model": parser, "convention": "ud" if parser.endswith(
@@ -77,6 +78,8 @@ def write_config(path: Path, src: Path, tgt: Path, dataset: Path, parser: str | 
                  "clean": {"max_len": 80, "max_ratio": 3.0}, "processes": processes,
                  "cache_dir": str(dataset.parent / f".{dataset.name}.cache")},
     }
+    if sample_pairs is not None:
+        raw["data"]["subwords"]["sample_pairs"] = sample_pairs
     if training is not None:
         raw["model"] = {"enc_layers": 3, "dec_layers": 3, "d_model": 256, "n_heads": 4, "d_ff": 1024}
         raw["training"] = training
@@ -107,7 +110,7 @@ def scale(args: argparse.Namespace, scratch: Path) -> tuple[str, str]:
         src, tgt = make_corpus(args.data, n, scratch)
         dataset = scratch / f"dataset{n}{'' if model is None else '_parsed'}"
         fresh(dataset)
-        config = write_config(scratch / f"prepare{n}.yaml", src, tgt, dataset, model)
+        config = write_config(scratch / f"prepare{n}.yaml", src, tgt, dataset, model, sample_pairs=args.sample_pairs)
         result = structnmt("prepare", str(config), log=scratch / f"prepare{n}.log")
         meta = json.loads((dataset / "meta.json").read_text(encoding="utf-8"))
         peaks.append(result.peak_rss)
@@ -186,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[250_000, 2_000_000], help="training pairs")
     parser.add_argument("--parser", default="none", help="none, auto, or a spaCy model (name or directory)")
     parser.add_argument("--ud-parser", default=UD_PARSER, help="the UD model --parser auto prefers")
+    parser.add_argument("--sample-pairs", type=int, help="scale: data.subwords.sample_pairs (default: the "
+                        "toolkit's 200,000); one value for every size isolates the cost of a larger sample")
     parser.add_argument("--jobs", type=int, default=4, help="shards: how many")
     parser.add_argument("--repeats", type=int, default=2, help="first-update: rounds over the sizes")
     parser.add_argument("--data", type=Path, default=MULTI30K, help="Multi30k directory (default: %(default)s)")
