@@ -68,9 +68,10 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
                 continue
             row.update(state="stale", note=f"{reason}: will rerun")
         if holder(run_dir / STUDY_LOCK) is not None or holder(run_dir) is not None:
-            left = f"; about {(study.max_steps - step) * per_update / 60:.0f} min of training left" \
-                if per_update and step is not None and step < study.max_steps else ""
-            row.update(state="running", step=step, bleu=valid_bleu, note=f"valid BLEU so far{left}")
+            note = ["valid BLEU so far" if valid_bleu is not None else "no validation yet"]
+            if per_update and step is not None and step < study.max_steps:
+                note.append(f"about {(study.max_steps - step) * per_update / 60:.0f} min of training left")
+            row.update(state="running", step=step, bleu=valid_bleu, note="; ".join(note))
         elif (failure := read_failure(study, recipe, seed)) is not None and row["state"] != "stale":
             tail = failure.get("log_tail") or []
             row.update(state="failed", step=step, note=failure.get("error", "")[:200],
