@@ -216,7 +216,7 @@ def test_spacy_sentence_without_words_is_a_data_error_with_its_line() -> None:
 
 def test_spacy_parsing_leaves_no_new_strings_behind() -> None:
     """Words of a parsed chunk must not pile up in spaCy's shared vocabulary: on a corpus with
-    open vocabulary that grew a WMT-size prepare by about 40 MiB per 100k lines."""
+    open vocabulary that grew a prepare by about 34 MiB per 100k lines."""
     from structnmt.data.parsing.spacy_backend import SpacyParser
 
     parser = SpacyParser(_spacy())

@@ -142,8 +142,9 @@ def _parse_texts(nlp, texts: list[str], batch_size: int, label: str) -> list[Dep
 
     Every new word a ``Doc`` meets stays in spaCy's shared ``Vocab`` and ``StringStore`` for
     the life of the process: on a corpus with open vocabulary (numbers, names) that grew the
-    parsing process by about 40 MiB per 100k lines. A memory zone (spaCy >= 3.8) evicts what
-    the chunk added once it ends; the trees are plain Python values copied out before that.
+    parsing process by about 34 MiB per 100k lines (``benchmarks/spacy_vocab_growth.py``). A
+    memory zone (spaCy >= 3.8) evicts what the chunk added once it ends; the trees are plain
+    Python values copied out before that.
     """
     zone = nlp.memory_zone() if hasattr(nlp, "memory_zone") else contextlib.nullcontext()
     with zone:
