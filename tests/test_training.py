@@ -170,17 +170,34 @@ def test_run_writes_logs_checkpoints_and_run_files(data_dir, tmp_path):
         make_trainer(cfg, data_dir).run()
 
 
-def test_resume_is_bitwise_exact_in_process(data_dir, tmp_path):
+class TickingClock:
+    """Stands in for the trainer's ``time`` module: each reading is one second later."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        self.now += 1.0
+        return self.now
+
+
+def test_resume_is_bitwise_exact_in_process(data_dir, tmp_path, monkeypatch):
+    from structnmt.training import trainer as trainer_module
+
     straight = make_trainer(tiny_cfg(tmp_path / "a", max_steps=6, accumulate=2), data_dir)
     straight.run()
+    monkeypatch.setattr(trainer_module, "time", TickingClock())  # the two calls read alike clocks
     first = make_trainer(tiny_cfg(tmp_path / "b", max_steps=3, accumulate=2), data_dir)
     first_summary = first.run()
     assert first_summary["step"] == 3
     second = make_trainer(tiny_cfg(tmp_path / "b", max_steps=6, accumulate=2), data_dir)
+    trainer_module.time = TickingClock()  # a fresh process's clock starts anew
     summary = second.run(resume=True)
     assert summary["step"] == 6
-    # training time counts both calls (a study records it), not only the resumed one
-    assert second.progress.elapsed_s > first.progress.elapsed_s > 0
+    # training time counts both calls (a study records it), not only the resumed one: the
+    # second call's 3 steps read the clock at least once each, on top of the first call's time
+    assert first.progress.elapsed_s >= 3
+    assert second.progress.elapsed_s >= first.progress.elapsed_s + 3
     assert summary["train_seconds"] == round(second.progress.elapsed_s, 1)
     want, got = params(straight.updater.model), params(second.updater.model)
     assert want.keys() == got.keys()

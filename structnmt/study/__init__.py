@@ -28,17 +28,17 @@ def _log_progress(run_dir: Path) -> tuple[int | None, float | None, float | None
     if not log.is_file():
         return None, None, None
     step, bleu = None, None
-    clock: list[tuple[int, float]] = []  # (step, elapsed_s) of train records
+    before = last = None  # (step, elapsed_s) of the last two train records
     for record in read_log(log):
         if isinstance(record.get("step"), int):
             step = record["step"]
         if record.get("kind") == "valid" and isinstance(record.get("bleu"), (int, float)):
             bleu = float(record["bleu"])
         if record.get("kind") == "train" and isinstance(record.get("elapsed_s"), (int, float)):
-            clock.append((record["step"], float(record["elapsed_s"])))
+            before, last = last, (record["step"], float(record["elapsed_s"]))
     rate = None
-    if len(clock) >= 2 and clock[-1][0] > clock[-2][0] and clock[-1][1] > clock[-2][1]:
-        rate = (clock[-1][1] - clock[-2][1]) / (clock[-1][0] - clock[-2][0])
+    if before and last and last[0] > before[0] and last[1] > before[1]:
+        rate = (last[1] - before[1]) / (last[0] - before[0])
     return step, bleu, rate
 
 
@@ -55,7 +55,6 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
                                "note": ""}
         record = read_record(study, recipe, seed)
         run_dir = study.run_dir(recipe, seed)
-        step, valid_bleu, per_update = _log_progress(run_dir)
         if record is not None:
             reason = stale_reason(study, recipe, seed, record)
             scores = record.get("scores") or {}
@@ -67,6 +66,7 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
                 rows.append(row)
                 continue
             row.update(state="stale", note=f"{reason}: will rerun")
+        step, valid_bleu, per_update = _log_progress(run_dir)  # only runs without a standing record
         if holder(run_dir / STUDY_LOCK) is not None or holder(run_dir) is not None:
             note = ["valid BLEU so far" if valid_bleu is not None else "no validation yet"]
             if per_update and step is not None and step < study.max_steps:

@@ -263,8 +263,7 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
             _clear_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, owner + "\n")
-    summary = train(cfg, resume=resume)
-    train_seconds = summary["train_seconds"]  # summed over resumed calls, not only this one
+    summary = train(cfg, resume=resume)  # its train_seconds sum every resumed call, not only this one
     if summary["status"] == "interrupted":
         return INTERRUPTED
     if summary["status"] == "diverged":
@@ -285,7 +284,7 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
         "config": train_view(cfg), "test": study.test_view(cfg), "recipe_file": study.recipe(recipe).config,
         "reads_trees": trees, "dataset": identity,
         "updates": summary["step"], "epochs": summary["epoch"], "status": summary["status"],
-        "train_seconds": round(train_seconds, 1), "test_seconds": round(test_seconds, 1),
+        "train_seconds": summary["train_seconds"], "test_seconds": round(test_seconds, 1),
         "device": run_info.get("device"), "precision": run_info.get("precision"), "cpu": _cpu_name(),
         "threads": cfg.training.threads, "host": socket.gethostname(), "torch": run_info.get("torch"),
         "structnmt": run_info.get("structnmt"), "sacrebleu": run_info.get("sacrebleu"),

@@ -194,7 +194,7 @@ def load_study(path: str | Path) -> Study:
     _check_keys(executor, EXECUTOR_FIELDS, "executor", path)
     ex = ExecutorSpec(**executor)
     if ex.kind not in ("local", "slurm", "submitit-local"):
-        raise ConfigError(f"must be local or slurm, got {ex.kind!r}", "executor.kind", path)
+        raise ConfigError(f"must be local, slurm or submitit-local, got {ex.kind!r}", "executor.kind", path)
     _int(ex.jobs, "executor.jobs", path, 1)
     _int(ex.threads, "executor.threads", path, 0)
     _int(ex.nice, "executor.nice", path, 0)
@@ -257,10 +257,6 @@ def train_view(cfg: ExperimentConfig) -> dict[str, Any]:
     return raw
 
 
-def digest_of(view: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(view, sort_keys=True).encode()).hexdigest()
-
-
 def config_digest(cfg: ExperimentConfig) -> str:
     """The training digest of a run (:func:`train_view` hashed)."""
-    return digest_of(train_view(cfg))
+    return hashlib.sha256(json.dumps(train_view(cfg), sort_keys=True).encode()).hexdigest()

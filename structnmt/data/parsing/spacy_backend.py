@@ -10,7 +10,6 @@ makes for double spaces are dropped.
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -146,8 +145,7 @@ def _parse_texts(nlp, texts: list[str], batch_size: int, label: str) -> list[Dep
     memory zone (spaCy >= 3.8) evicts what the chunk added once it ends; the trees are plain
     Python values copied out before that.
     """
-    zone = nlp.memory_zone() if hasattr(nlp, "memory_zone") else contextlib.nullcontext()
-    with zone:
+    with nlp.memory_zone():
         return [_tree_or_error(doc, label) for doc in nlp.pipe(texts, batch_size=batch_size)]
 
 
