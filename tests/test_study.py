@@ -16,7 +16,7 @@ import yaml
 
 from structnmt.data.synthetic import demo_config, write_task
 from structnmt.errors import ConfigError
-from structnmt.study import load_study, run_study, study_status
+from structnmt.study import format_status, load_study, run_study, study_status
 from structnmt.study.report import write_report
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,6 +106,19 @@ def test_runs_are_ordered_seed_by_seed_with_the_baseline_first(recipes, tmp_path
     assert cfg.training.out_dir == str(tmp_path / "tiny" / "runs" / "pascal" / "seed2")
 
 
+def test_status_forecasts_the_runs_left_from_the_finished_runs_median():
+    def row(state: str, seconds: float | None = None) -> dict:
+        return {"recipe": "r", "seed": 1, "state": state, "step": None, "bleu": None, "note": "",
+                **({"seconds": seconds} if seconds else {})}
+
+    done = [row("done", 600), row("done", 1800), row("done", 3600)]
+    text = format_status(done + [row("pending"), row("running"), row("failed")])
+    assert text.splitlines()[-1] == ("3 run(s) not done; at the finished runs' median of 30 min each, "
+                                     "about 1.5 h of runs at that pace (less for a run that resumes)")
+    assert "not done" not in format_status(done)  # nothing left
+    assert "not done" not in format_status([row("pending")])  # nothing to go by
+
+
 # -- running ----------------------------------------------------------------------------------
 
 
@@ -130,6 +143,8 @@ def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_
     assert rows[("broken", 1)]["state"] == "failed" and "max_positions" in rows[("broken", 1)]["note"]
     assert rows[("vanilla", 1)]["state"] == "done" and rows[("vanilla", 1)]["bleu"] == \
         json.loads((study.record_dir("vanilla", 1) / "record.json").read_text())["scores"]["test"]["bleu"]
+    vanilla_record = json.loads((study.record_dir("vanilla", 1) / "record.json").read_text())
+    assert rows[("vanilla", 1)]["seconds"] == vanilla_record["train_seconds"] + vanilla_record["test_seconds"] > 0
     report = Path(result["report"]).read_text()
     assert "## Failed runs" in report and "broken seed 1" in report
     assert "| pascal |" in report and "| vanilla |" in report and "Verdicts against `vanilla`" in report

@@ -60,7 +60,8 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
             scores = record.get("scores") or {}
             test = first_test if first_test in scores else next(iter(scores), None)
             row.update(step=record.get("updates"), bleu=scores[test]["bleu"] if test else None,
-                       note=f"{test} BLEU" if test else "")
+                       note=f"{test} BLEU" if test else "",
+                       seconds=(record.get("train_seconds") or 0) + (record.get("test_seconds") or 0))
             if reason is None:
                 row["state"] = "done"
                 rows.append(row)
@@ -94,7 +95,20 @@ def format_status(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
     lines.append(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
+    if left := _time_left(rows):
+        lines.append(left)
     return "\n".join(lines)
+
+
+def _time_left(rows: list[dict[str, Any]]) -> str:
+    """A rough forecast for planning sessions: the runs not done, each at the finished runs' median time."""
+    took = sorted(r["seconds"] for r in rows if r["state"] == "done" and r.get("seconds"))
+    left = sum(r["state"] != "done" for r in rows)
+    if not took or not left:
+        return ""
+    median = took[len(took) // 2] if len(took) % 2 else (took[len(took) // 2 - 1] + took[len(took) // 2]) / 2
+    return (f"{left} run(s) not done; at the finished runs' median of {median / 60:.0f} min each, "
+            f"about {left * median / 3600:.1f} h of runs at that pace (less for a run that resumes)")
 
 
 def _say(text: str) -> None:
