@@ -82,14 +82,14 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
 
 def replace_dir(new: str | Path, target: str | Path) -> None:
     """Put the finished directory ``new`` in place of ``target``; the old one is removed only
-    once the new one is there (a crash in between leaves ``.NAME.old.PID`` beside it)."""
+    once the new one is there. A crash in between leaves ``.NAME.old.PID`` beside it; once a
+    new ``target`` stands, every such leftover (this call's and earlier crashes') is superseded
+    and is removed."""
     import shutil
 
     new, target = Path(new), Path(target)
-    old = None
     if target.exists():
-        old = target.with_name(f".{target.name}.old.{os.getpid()}")
-        os.replace(target, old)
+        os.replace(target, target.with_name(f".{target.name}.old.{os.getpid()}"))
     os.replace(new, target)
-    if old is not None:
+    for old in target.parent.glob(f".{target.name}.old.*"):
         shutil.rmtree(old, ignore_errors=True)

@@ -254,3 +254,22 @@ def test_sigterm_stops_train_with_the_resumable_status(tmp_path, capsys):
     assert process.returncode == 75, err
     assert "status: interrupted" in out
     assert verify_checkpoint(tmp_path / "run" / "last.pt")["step"] >= 1
+
+
+def test_replace_dir_swaps_in_the_new_directory_and_sweeps_a_crashed_swap_s_leftover(tmp_path):
+    from structnmt.io import replace_dir
+
+    target = tmp_path / "plan"
+    target.mkdir()
+    (target / "v").write_text("1")
+    crashed = tmp_path / ".plan.old.999999"  # what a crash between the two renames leaves
+    crashed.mkdir()
+    (crashed / "v").write_text("0")
+    other = tmp_path / ".planner.old.1"  # another directory's leftover is not ours to remove
+    other.mkdir()
+    new = tmp_path / "plan.tmp"
+    new.mkdir()
+    (new / "v").write_text("2")
+    replace_dir(new, target)
+    assert (target / "v").read_text() == "2" and not new.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".planner.old.1", "plan"]
