@@ -255,3 +255,15 @@ def test_the_committed_study_files_are_valid(name, monkeypatch):
     for recipe in study.recipes:  # every run trains exactly the budget, no wall-clock stop
         cfg = study.run_config(recipe.name, study.seeds[0])
         assert (cfg.training.max_steps, cfg.training.max_minutes) == (1200, 0)
+
+
+def test_threads_per_run_never_oversubscribe_the_cores(monkeypatch):
+    from structnmt.study import executors
+
+    monkeypatch.setattr(executors, "_cores", lambda: 2)
+    assert executors.threads_per_run(0, 1) == 2  # default: the cores divided by the runs
+    assert executors.threads_per_run(0, 2) == 1
+    assert executors.threads_per_run(2, 1) == 2  # the study file's count when it fits
+    assert executors.threads_per_run(2, 2) == 1  # --jobs 2 on a file written for one run at a time
+    assert executors.threads_per_run(1, 2) == 1
+    assert executors.threads_per_run(0, 4) == 1

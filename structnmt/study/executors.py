@@ -47,10 +47,25 @@ def _child_setup(niceness: int) -> Callable[[], None]:
     return setup
 
 
+def _cores() -> int:
+    """The cores this process may use (a container or ``taskset`` may allow fewer than the host has)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def threads_per_run(configured: int, jobs: int) -> int:
+    """The study file's threads per run, but never more than the cores divided by the runs at
+    once: two-thread runs sharing a core stall each other at every parallel region."""
+    fair = max(1, _cores() // jobs)
+    return min(configured, fair) if configured else fair
+
+
 def run_local(study: Study, runs: list[tuple[str, int]], jobs: int,
               report: Callable[[str, int, str], None]) -> dict[tuple[str, int], str]:
     """Run each (recipe, seed) in its own niced process, ``jobs`` at a time."""
-    threads = study.executor.threads or max(1, (os.cpu_count() or 1) // jobs)
+    threads = threads_per_run(study.executor.threads, jobs)
+    if study.executor.threads and threads < study.executor.threads:
+        print(f"[study] {jobs} runs at once on {_cores()} cores: {threads} thread(s) each instead of the "
+              f"study file's executor.threads {study.executor.threads}", flush=True)
     results: dict[tuple[str, int], str] = {}
 
     def one(run: tuple[str, int]) -> None:
