@@ -274,7 +274,7 @@ def plot_curves(runs: Sequence[str | Path], out: str | Path) -> Path:
     return plot_training_curves({Path(r).name: Path(r) for r in runs}, Path(out))
 
 
-def inspect(run: str | Path, what: Literal["trees", "phrases", "align"], checkpoint: str | Path | None = None,
+def inspect(run: str | Path, what: Literal["trees", "phrases", "align", "heads"], checkpoint: str | Path | None = None,
             split: str = "test", side: Literal["src", "tgt"] = "src", layer: int | None = None,
             gold: str | Path | None = None, gold_format: GoldFormat = "auto",
             boundary: Literal["auto", "before", "after"] = "auto", dataset: str | Path | None = None,
@@ -285,7 +285,8 @@ def inspect(run: str | Path, what: Literal["trees", "phrases", "align"], checkpo
     ``phrases``: LPSI distances -> phrase trees, unlabeled F1 against ``gold`` brackets;
     ``align``: cross-attention -> word alignments, AER against ``gold`` links, written as
     Pharaoh (0-based) or talp (1-based, ``ipj`` possible links) files, ``gold_format`` telling
-    which or ``auto``. ``layer`` is 1-based. Outputs go to ``out`` (default ``RUN/inspect``).
+    which or ``auto``; ``heads``: every encoder head's attention to each word's parent in the
+    split's trees (any model, vanilla included). ``layer`` is 1-based. Outputs go to ``out`` (default ``RUN/inspect``).
     """
     from structnmt.evaluation.inspect_run import inspect_run
 

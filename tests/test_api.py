@@ -194,6 +194,36 @@ def test_inspect_align_reads_talp_gold_as_pharaoh(here: Path, capsys: pytest.Cap
     assert '"aer": ' in out
 
 
+def test_inspect_heads_scores_every_encoder_head_against_the_stored_trees(here: Path, capsys) -> None:
+    import json
+
+    found = structnmt.inspect("demo/run", "heads", out=here / "inspect")
+    layers = len(found["accuracy"])
+    assert layers == 2 and len(found["best_head_per_layer"]) == layers and found["sentences"] == 12
+    for best in found["best_head_per_layer"]:
+        row = found["accuracy"][best["layer"] - 1]
+        assert best["accuracy"] == max(row) == row[best["head"] - 1]
+    assert found["best_offset"] != 0 and 0.0 < found["best_offset_accuracy"] <= 1.0
+    assert json.loads((here / "inspect" / "test.heads.json").read_text()) == found
+    code, _, err = cli(capsys, "inspect", "heads", "demo/run", "--side", "tgt", "--out", "inspect")
+    assert code == 2 and "side" in err
+
+
+def test_inspect_builds_the_tree_distances_a_deps_san_model_needs(here: Path) -> None:
+    """``dist`` is computed at collate time from stored word_index and heads, never stored: the
+    inspect batches once dropped it, and a Deps-SAN (or UDISCAL, SASA) model failed with KeyError."""
+    from structnmt.config import ModelConfig
+    from structnmt.data.dataset import ParallelDataset
+    from structnmt.evaluation.inspect_run import inspect_split
+    from structnmt.model.transformer import Transformer
+
+    cfg = ModelConfig(enc_layers=2, dec_layers=1, d_model=16, n_heads=2, d_ff=32, dropout=0.0,
+                      methods=[{"name": "deps_san", "layers": [1], "heads": "all", "variance": 1.0}])
+    model = Transformer(cfg, 1100, 1100)
+    found = inspect_split(model, ParallelDataset(here / "demo" / "dataset", "test"), "heads", here / "inspect_ds")
+    assert found["sentences"] == 12 and len(found["accuracy"]) == 2
+
+
 # ---------------------------------------------------------------------------
 # every error of the command line is an exception of the API
 

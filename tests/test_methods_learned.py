@@ -369,3 +369,42 @@ def test_cross_attention_alignments_are_word_level_links():
     # with a "reverse model" fed the same batch, the second direction is its flipped tgt2src
     rev = cross_attention_alignments(model, [batch], reverse_model=model, reverse_batches=[batch])
     assert rev[1].tgt2src == first.tgt2src
+
+
+def test_head_parent_scores_read_words_as_row_means_and_column_sums():
+    from structnmt.evaluation.inspect import sentence_parent_scores
+
+    word_index = np.array([0, 1, 1, 2, -1])  # word 1 is two sub-words; EOS last
+    parents = [-1, 0, 1]  # word 0 is the root
+    attn = np.zeros((2, 5, 5))
+    attn[:, 0] = 0.2  # the root's row is not scored
+    attn[0, 1, [0, 3]] = [0.8, 0.2]
+    attn[0, 2, [0, 3]] = [0.4, 0.6]  # word 1's row: mean of its pieces -> word 0 0.6, word 2 0.4: hit
+    attn[0, 3, [1, 2, 3]] = [0.25, 0.25, 0.5]  # word 2: its own column is skipped; parent gets 0.25+0.25: hit
+    attn[1, 1, [1, 2, 3]] = [0.5, 0.3, 0.2]
+    attn[1, 2, 2] = 1.0  # word 1 looks at itself, then at word 2: miss
+    attn[1, 3, [0, 4]] = [0.9, 0.1]  # word 2 looks at word 0 (and EOS): miss
+    hits, mass, words = sentence_parent_scores(attn, word_index, parents)
+    assert words == 2
+    assert hits.tolist() == [2.0, 0.0]
+    assert mass == pytest.approx([0.6 + 0.5, 0.0])
+    with pytest.raises(Exception, match="2 heads for a sentence of 3 words"):
+        sentence_parent_scores(attn, word_index, [1, -1])
+
+
+def test_best_offset_baseline_counts_non_root_words():
+    from structnmt.evaluation.inspect import best_offset_accuracy
+
+    assert best_offset_accuracy([[-1, 0, 1], [1, 1]]) == (-1, round(2 / 3, 4))  # roots: -1 or themselves
+
+
+def test_head_parent_attention_covers_every_encoder_head_of_any_model():
+    from structnmt.evaluation.inspect import head_parent_attention
+
+    model = make_model([])  # vanilla
+    found = head_parent_attention(model, [make_batch()], [[1, -1], [1, -1, 1]])  # by example index
+    assert found["words"] == 3  # 1 + 2 non-root words
+    assert np.array(found["accuracy"]).shape == np.array(found["mass"]).shape == (3, N_HEADS)
+    assert all(0.0 <= v <= 1.0 for row in found["accuracy"] + found["mass"] for v in row)
+    with pytest.raises(Exception, match="heads for a sentence"):  # trees read in the wrong order
+        head_parent_attention(model, [make_batch()], [[1, -1, 1], [1, -1]])

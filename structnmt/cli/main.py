@@ -331,8 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     e.set_defaults(func=cmd_parser_evaluate)
 
     s = sub.add_parser("inspect", help="read learned structure out (trees, phrase trees, alignments) and score it")
-    s.add_argument("what", choices=["trees", "phrases", "align"],
-                   help="trees: DBSA heads -> UAS; phrases: LPSI distances -> UF; align: cross-attention -> AER")
+    s.add_argument("what", choices=["trees", "phrases", "align", "heads"],
+                   help="trees: DBSA heads -> UAS; phrases: LPSI distances -> UF; align: cross-attention -> AER; "
+                        "heads: every encoder head's attention to each word's parent (any model)")
     s.add_argument("run", help="run directory (its best.pt, else last.pt)")
     s.add_argument("--checkpoint")
     s.add_argument("--split", default="test")

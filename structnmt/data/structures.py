@@ -9,7 +9,7 @@ sub-word inherits its word's structure, and the dense (B, L) / (B, L, L) batch f
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -33,6 +33,12 @@ _NEEDS: dict[str, tuple[str, ...]] = {
     "labels": ("word_index", "labels"),
 }
 
+
+
+def can_build(field: str, stored: Iterable[str]) -> bool:
+    """True if the batch field ``field`` can be built from a side's stored arrays ``stored``
+    (``dist`` and the scene fields are computed at collate time and never stored themselves)."""
+    return field == "valid" or set(_NEEDS.get(field, (field,))) <= set(stored)
 
 # ---------------------------------------------------------------------------
 # sub-word <-> word alignment

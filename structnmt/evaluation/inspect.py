@@ -5,7 +5,11 @@
 * :func:`lpsi_trees`: the binary phrase structure of LPSI's syntactic distances (UF with
   :func:`structnmt.evaluation.trees.unlabeled_f1`);
 * :func:`cross_attention_alignments`: word alignments from cross-attention (AER with
-  :func:`structnmt.evaluation.alignment.aer`).
+  :func:`structnmt.evaluation.alignment.aer`);
+* :func:`head_parent_attention`: for every encoder self-attention head of any model, vanilla
+  included, how often the word it attends to most is the word's parent, and how much
+  attention the parent gets (did the heads learn the trees a method was given, or did a plain
+  Transformer find them anyway?).
 
 Every function runs teacher-forced passes (the gold target is fed, as the papers do for
 analyses), in eval mode and without gradients, over batches whose structure dicts carry
@@ -122,6 +126,86 @@ def dbsa_trees(model: Transformer, batches: Iterable[Batch], side: Literal["src"
             scores = np.log(np.maximum(attn[b][np.ix_(first, first)], LOG_FLOOR))
             out.append((index, decode_tree_from_scores(scores)))
     return _in_order(out)
+
+
+def sentence_parent_scores(attn: np.ndarray, word_index: np.ndarray,
+                           parents: list[int] | np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    """Per head, summed over one sentence's non-root words: (argmax-is-parent hits, attention
+    mass on the parent), and the number of those words.
+
+    ``attn`` is (H, L, L) sub-word self-attention. It is read at word level: a word's row is the
+    mean of its sub-words' rows, a word's column the sum of its sub-words' columns (so each row
+    stays a share of the attention); EOS and padding (negative ``word_index``) are dropped. A
+    word's own column is left out of its argmax (a word is never its own parent). Roots are
+    marked by a negative parent or by pointing to themselves.
+    """
+    index = np.asarray(word_index)
+    first, _ = _words(index)
+    n = len(first)
+    parents = np.asarray(parents, dtype=np.int64)
+    if parents.size != n:
+        raise DataError(f"{parents.size} heads for a sentence of {n} words")
+    if n == 0:
+        return np.zeros(attn.shape[0]), np.zeros(attn.shape[0]), 0
+    onehot = np.zeros((index.size, n))
+    onehot[np.flatnonzero(index >= 0), index[index >= 0]] = 1.0
+    words = np.einsum("li,hlm,mj->hij", onehot, attn[:, :index.size, :index.size].astype(np.float64), onehot)
+    words /= onehot.sum(0)[None, :, None]  # rows: mean over the word's sub-words
+    own = np.arange(n)
+    child = own[(parents >= 0) & (parents != own)]
+    if child.size == 0:
+        return np.zeros(attn.shape[0]), np.zeros(attn.shape[0]), 0
+    rows = words[:, child, :].copy()  # (H, C, n)
+    mass = rows[:, np.arange(child.size), parents[child]].sum(1)
+    rows[:, np.arange(child.size), child] = -np.inf
+    hits = (rows.argmax(-1) == parents[child][None, :]).sum(1).astype(np.float64)
+    return hits, mass, int(child.size)
+
+
+def head_parent_attention(model: Transformer, batches: Iterable[Batch], parents: list[list[int]]) -> dict:
+    """For every encoder self-attention head: the share of non-root source words whose most
+    attended other word is their parent (``accuracy``, as in analyses of which heads are
+    syntactic) and the mean attention their parent gets (``mass``), teacher-forced.
+
+    ``parents`` holds each example's word-level heads (by ``Batch.index``; in reading order when
+    batches carry no index). Returns ``{"accuracy": [[per head] per layer], "mass": ..., "words": N}``.
+    """
+    layers = model.cfg.enc_layers
+    keys = {("encoder", layer, "self", "probs") for layer in range(layers)}
+    hits = mass = None
+    words = seen = 0
+    for batch, records in _run(model, batches, keys):
+        probs = [records[("encoder", layer, "self", "probs")].float().cpu().numpy() for layer in range(layers)]
+        word_index = _word_index(batch, "src").cpu().numpy()
+        for b, index in enumerate(_indices(batch)):
+            tree = parents[index if index is not None else seen]
+            seen += 1
+            scores = [sentence_parent_scores(p[b], word_index[b], tree) for p in probs]
+            h = np.stack([s[0] for s in scores])
+            m = np.stack([s[1] for s in scores])
+            hits, mass = (h, m) if hits is None else (hits + h, mass + m)
+            words += scores[0][2]
+    if hits is None or words == 0:
+        raise DataError("no word with a parent in the batches: nothing to score heads against")
+    return {"accuracy": (hits / words).round(4).tolist(), "mass": (mass / words).round(4).tolist(), "words": words}
+
+
+def best_offset_accuracy(parents: list[list[int]], offsets: range = range(-3, 4)) -> tuple[int, float]:
+    """The positional baseline of head analyses: the share of non-root words whose parent is the
+    word at one fixed relative offset, for the best offset (a head that always looks one word to
+    the left scores this much without knowing any syntax)."""
+    counts = dict.fromkeys((k for k in offsets if k != 0), 0)
+    total = 0
+    for tree in parents:
+        for w, p in enumerate(tree):
+            if p >= 0 and p != w:
+                total += 1
+                if p - w in counts:
+                    counts[p - w] += 1
+    if total == 0:
+        return 0, 0.0
+    best = max(counts, key=lambda k: counts[k])
+    return best, round(counts[best] / total, 4)
 
 
 @dataclass

@@ -5,7 +5,10 @@
 * ``phrases``: LPSI distances -> binary trees, unlabeled F1 against gold brackets, beside a
   right-branching baseline;
 * ``align``: cross-attention -> word alignments (grow-diag-final), AER against gold
-  alignments, beside a diagonal baseline.
+  alignments, beside a diagonal baseline;
+* ``heads``: every encoder self-attention head of any model -> how often it attends most to a
+  word's parent in the split's stored trees, and the attention the parent gets, beside the
+  best fixed-offset baseline.
 
 Outputs are written next to the scores: heads one sentence a line, bracketed trees, Pharaoh
 ``i-j`` alignments.
@@ -22,10 +25,18 @@ import numpy as np
 from structnmt.data.batch import Batch
 from structnmt.data.batching import collate
 from structnmt.data.dataset import ParallelDataset
+from structnmt.data.structures import can_build
 from structnmt.decoding.translate import length_batches
 from structnmt.errors import ConfigError, DataError
 from structnmt.evaluation.alignment import GoldFormat, corpus_aer, read_alignments, write_pharaoh
-from structnmt.evaluation.inspect import cross_attention_alignments, dbsa_trees, lpsi_trees, resolve_boundary
+from structnmt.evaluation.inspect import (
+    best_offset_accuracy,
+    cross_attention_alignments,
+    dbsa_trees,
+    head_parent_attention,
+    lpsi_trees,
+    resolve_boundary,
+)
 from structnmt.evaluation.scores import read_text
 from structnmt.evaluation.trees import (
     bracket_string,
@@ -48,7 +59,7 @@ def _require_words(data: ParallelDataset, sides: tuple[str, ...]) -> None:
 def _batches(model: Transformer, data: ParallelDataset, sides: tuple[str, ...], max_tokens: int) -> Iterator[Batch]:
     fields = model.structure_needs(inference=False)
     for side in ("src", "tgt"):
-        fields[side] = {f for f in fields[side] if data.has(side, f)}
+        fields[side] = {f for f in fields[side] if can_build(f, data.fields(side))}
     _require_words(data, sides)
     for side in sides:
         fields[side].add("word_index")
@@ -151,6 +162,20 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
             "diagonal": corpus_aer(sure, possible, diagonal),
             "sentences": n,
         }
+    elif what == "heads":
+        if side != "src":
+            raise ConfigError("heads reads the encoder's self-attention: the side is src", "side")
+        golds = [data.side_arrays(i, "src")["heads"].tolist() for i in range(n)] if data.has("src", "heads") else None
+        if golds is None:
+            raise DataError("the split has no source trees to score heads against (prepare it with a parser)",
+                            data.path)
+        found = head_parent_attention(model, _batches(model, data, ("src",), max_tokens), golds)
+        offset, offset_accuracy = best_offset_accuracy(golds)
+        best = [max(range(len(row)), key=row.__getitem__) for row in found["accuracy"]]
+        scores = {**found, "best_head_per_layer": [{"layer": k + 1, "head": h + 1, "accuracy": found["accuracy"][k][h],
+                                                    "mass": found["mass"][k][h]} for k, h in enumerate(best)],
+                  "best_offset": offset, "best_offset_accuracy": offset_accuracy,
+                  "sentences": n, "against": "the split's stored trees"}
     else:
         raise ValueError(f"unknown analysis {what!r}")
     atomic_write_text(out_dir / f"{name}.{what}.json", json.dumps(scores, indent=2) + "\n")
@@ -167,8 +192,8 @@ def inspect_run(run: str | Path, what: str, checkpoint: str | Path | None = None
     from structnmt.decoding.translator import load_translator
     from structnmt.evaluation.run_eval import run_checkpoint
 
-    if what not in ("trees", "phrases", "align"):
-        raise ConfigError(f"unknown analysis {what!r} (trees, phrases or align)", "what")
+    if what not in ("trees", "phrases", "align", "heads"):
+        raise ConfigError(f"unknown analysis {what!r} (trees, phrases, align or heads)", "what")
     run = Path(run)
     translator = load_translator(run_checkpoint(run, checkpoint), device, dataset)
     model = translator.model
