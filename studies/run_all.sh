@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Multi30k studies in the background: each `structnmt study` skips the runs its records
 # already hold, so this can be started again after any stop, on any machine.
-#   nohup studies/run_all.sh > runs/studies.log 2>&1 &
+#   JOBS=2 nohup studies/run_all.sh > runs/studies.log 2>&1 &
 # JOBS=2 runs two trainings at once, one thread each (on two cores this gives more runs per hour
 # than one two-thread run, and other work on the machine slows it without stalling it).
 # Order: En->De; En->Fr's runs that do not depend on SyncAttn's lambda; the lambda sweep (val
