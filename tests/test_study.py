@@ -185,6 +185,17 @@ def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_
     (pascal_row,) = [line for line in partial.splitlines() if line.startswith("| pascal |")][:1]
     assert "so far (1 of 2 seeds)" in pascal_row and "1/1:" in pascal_row
 
+    # the heads analysis scores the runs whose checkpoints are here and keeps the scores beside
+    # their records; a run with neither is left out (vanilla's checkpoints were deleted above)
+    sys.path.insert(0, str(ROOT / "studies"))
+    import attention_heads
+
+    assert attention_heads.main([str(path)]) == 0
+    table = (study.records / "attention_heads.md").read_text()
+    assert "| pascal seed 1 |" in table and "vanilla seed" not in table
+    kept = json.loads((study.record_dir("pascal", 1) / "heads" / "test.json").read_text())
+    assert len(kept["accuracy"]) == 1 and len(kept["accuracy"][0]) == 2 and kept["checkpoint_step"] == 20
+
 
 def _step(run_dir: Path) -> int:
     log = run_dir / "log.jsonl"
