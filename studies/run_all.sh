@@ -6,11 +6,14 @@
 # than one two-thread run, and other work on the machine slows it without stalling it).
 # Order: En->De; En->Fr's runs that do not depend on SyncAttn's lambda; the lambda sweep (val
 # only); then, once configs/multi30k_en_fr_syncattn.yaml has the sweep's best lambda_sync
-# (studies/sweep_choice.py checks, and stops here until it does), En->Fr's SyncAttn runs.
+# (studies/sweep_choice.py checks, and stops here until it does), En->Fr's SyncAttn runs; last,
+# En->De's control recipes for LPSI (lpsi without synchronisation, local_window).
 set -u
 cd "$(dirname "$0")/.."
 study() { nice -n 10 structnmt study "studies/$1.yaml" --jobs "${JOBS:-1}" "${@:2}" || echo "[run_all] $1: not every run finished"; }
-study multi30k_en_de
+MAIN_EN_DE="transformer pascal deps_san_rs deps_san_plain udiscal sasa sacra dbsa_src lpsi_synchmse"
+# shellcheck disable=SC2086
+study multi30k_en_de --only $MAIN_EN_DE
 study multi30k_en_fr --only transformer dbsa
 study syncattn_lambda
 if python studies/sweep_choice.py; then
@@ -18,3 +21,4 @@ if python studies/sweep_choice.py; then
 else
   echo "[run_all] En->Fr SyncAttn waits for the sweep's lambda (above)"
 fi
+study multi30k_en_de  # the controls: the runs above are recorded, so only they are left
