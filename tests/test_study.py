@@ -278,3 +278,24 @@ def test_threads_per_run_never_oversubscribe_the_cores(monkeypatch):
     assert executors.threads_per_run(2, 2) == 1  # --jobs 2 on a file written for one run at a time
     assert executors.threads_per_run(1, 2) == 1
     assert executors.threads_per_run(0, 4) == 1
+
+
+def test_the_summary_table_marks_verdicts_and_gaps_to_the_baseline():
+    from structnmt.study.report import summary_lines
+
+    def row(bleu: dict[int, float], verdict: str | None = None) -> dict:
+        return {"bleu": bleu, "chrf": {}, "signature": {}, **({"verdict": {"verdict": verdict}} if verdict else {})}
+
+    table = {
+        "t1": {"base": row({1: 30.0, 2: 31.0}), "good": row({1: 32.0, 2: 33.0}, "better"),
+               "bad": row({1: 28.0, 2: 29.5}, "worse"), "half": row({1: 31.5}, "better so far (1 of 2 seeds)")},
+        "t2": {"base": row({1: 20.0, 2: 20.0}), "good": row({1: 20.5, 2: 20.1}, "no significant difference")},
+    }
+    lines = summary_lines("base", table)
+    assert lines[0] == "| recipe | seeds | t1 | t2 |"
+    rows = {line.split(" | ")[0][2:]: line for line in lines[2:]}
+    assert rows["base"] == "| base | 2 | 30.50 | 20.00 |"
+    assert rows["good"] == "| good | 2 | 32.50 (+2.00) ▲ | 20.30 (+0.30) |"
+    assert rows["bad"] == "| bad | 2 | 28.75 (-1.75) ▼ |  |"  # a recipe missing from a test set: empty cell
+    assert rows["half"] == "| half | 1 | 31.50 (+1.00) ▲* |  |"
+    assert summary_lines("base", {}) == []

@@ -148,6 +148,37 @@ def _picture(study: Study, table: dict[str, dict[str, dict[str, Any]]], path: Pa
     return path
 
 
+def summary_lines(baseline: str, table: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """The table a paper prints: recipes by test sets, mean BLEU with its gap to the baseline and
+    a mark where the verdict is better or worse, so the whole comparison reads at a glance."""
+    tests = list(table)
+    recipes: list[str] = []
+    for rows in table.values():
+        recipes += [r for r in rows if r not in recipes]
+    if not tests or not recipes:
+        return []
+    lines = ["| recipe | seeds | " + " | ".join(tests) + " |", "|---|---:|" + "---:|" * len(tests)]
+    for recipe in recipes:
+        cells, seeds = [], set()
+        for test in tests:
+            row = table[test].get(recipe)
+            if row is None:
+                cells.append("")
+                continue
+            bleu = list(row["bleu"].values())
+            seeds |= set(row["bleu"])
+            base = list(table[test].get(baseline, {}).get("bleu", {}).values())
+            if recipe == baseline or not base:
+                cells.append(f"{statistics.mean(bleu):.2f}")
+                continue
+            verdict = (row.get("verdict") or {}).get("verdict", "")
+            mark = " ▲" if verdict.startswith("better") else " ▼" if verdict.startswith("worse") else ""
+            mark += "*" if mark and "so far" in verdict else ""
+            cells.append(f"{statistics.mean(bleu):.2f} ({statistics.mean(bleu) - statistics.mean(base):+.2f}){mark}")
+        lines.append(f"| {recipe} | {len(seeds)} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[str, Any]]],
            picture: Path | None, out: Path) -> str:
     records = data["records"]
@@ -174,6 +205,12 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
                  if "rule" in row.get("verdict", {})), SEED_RULE.format(alpha=0.05, n=1000, seed=12345))
     lines += ["## Scores", "", f"Verdicts against `{study.baseline}`: {rule} p per seed pair is given as "
               "system seed/baseline seed: p.", ""]
+    summary = summary_lines(study.baseline, table)
+    if summary:
+        lines += [f"BLEU, mean over the recorded seeds (in brackets: minus `{study.baseline}`'s mean); "
+                  "▲ better, ▼ worse by that rule, no mark: no significant difference; *: so far, with "
+                  "fewer seeds than the study has.", "",
+                  *summary, ""]
     for test, rows in table.items():
         lines += [f"### {test}", "", "| recipe | BLEU (mean ± sd) | chrF (mean ± sd) | BLEU per seed | "
                   "Δ BLEU | verdict | p per seed pair |", "|---|---:|---:|---|---:|---|---|"]
