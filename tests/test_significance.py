@@ -19,6 +19,7 @@ from structnmt.evaluation.significance import (
     mean_sd,
     paired_bootstrap,
     paired_tests,
+    pooled_bootstrap,
     sign_test,
 )
 
@@ -166,6 +167,46 @@ def test_seed_verdicts(big_refs):
     assert mixed.verdict == "no significant difference"
     assert mixed.summary().endswith(": no significant difference")
     assert mixed.summary().startswith("system ") and "(2 seeds) vs baseline" in mixed.summary()
+
+
+@pytest.mark.parametrize("metric", ["bleu", "chrf"])
+def test_the_pooled_bootstrap_of_one_seed_each_is_sacrebleus_paired_bootstrap(big_refs, metric):
+    base, system = noisy(big_refs, 3, 1), noisy(big_refs, 2, 2)
+    ours = pooled_bootstrap([system], [base], [big_refs], metric=metric, n_samples=300, seed=7)
+    theirs = paired_bootstrap(base, system, [big_refs], metric=metric, n_samples=300, seed=7)
+    assert ours.p_value == theirs.p_value and 0 < ours.p_value < 1
+    assert (ours.system_mean, ours.baseline_mean) == pytest.approx((theirs.system_score, theirs.baseline_score))
+
+
+def test_the_pooled_bootstrap_tests_the_mean_over_seeds(big_refs):
+    import numpy as np
+
+    baseline = [noisy(big_refs, 3, s) for s in (1, 2)]
+    system = [noisy(big_refs, 2, 4), noisy(big_refs, 3, 9)]  # one seed better, one as good
+    n = 60
+    result = pooled_bootstrap(system, baseline, [big_refs], n_samples=n, seed=11)
+    scores = [[BLEU().corpus_score(h, [big_refs]).score for h in runs] for runs in (system, baseline)]
+    assert result.system_mean == pytest.approx(np.mean(scores[0]))
+    assert result.baseline_mean == pytest.approx(np.mean(scores[1]))
+    assert result.seeds == (2, 2)
+    # the same statistic by brute force: each resample's corpus BLEU from the resampled lines
+    idxs = np.random.default_rng(11).choice(len(big_refs), size=(n, len(big_refs)), replace=True)
+
+    def mean_bleu(runs: list[list[str]], rows: np.ndarray) -> float:
+        refs = [big_refs[i] for i in rows]
+        return float(np.mean([BLEU().corpus_score([h[i] for i in rows], [refs]).score for h in runs]))
+
+    diffs = np.abs([mean_bleu(system, rows) - mean_bleu(baseline, rows) for rows in idxs])
+    beyond = int(np.sum(diffs - diffs.mean() > abs(result.delta)))
+    assert result.p_value == pytest.approx((beyond + 1) / (n + 1))
+    # pooled, the seeds show a difference that not every seed pair does
+    assert compare_seeds(system, baseline, [big_refs], n_samples=200).verdict == "no significant difference"
+    assert pooled_bootstrap(system, baseline, [big_refs], n_samples=200).p_value < 0.05
+
+
+def test_the_pooled_bootstrap_refuses_runs_of_different_lengths(big_refs):
+    with pytest.raises(DataError, match="system 1 has 149"):
+        pooled_bootstrap([big_refs, big_refs[:-1]], [big_refs], [big_refs])
 
 
 def test_mean_sd():

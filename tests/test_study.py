@@ -63,11 +63,15 @@ def recipes(tmp_path_factory) -> dict[str, Path]:
     ({"baseline": "nobody"}, "baseline"),
     ({"max_steps": 0}, "max_steps"),
     ({"colour": "red"}, "colour"),
+    ({"recipes": [{"name": "vanilla", "config": "base.yaml", "seeds": [1, 1.5]}]}, "recipes[0].seeds[1]"),
+    ({"recipes": [{"name": "vanilla", "config": "base.yaml", "seeds": []}]}, "recipes[0].seeds"),
 ])
 def test_a_bad_study_file_names_the_field(recipes, tmp_path, change, field):
     path = _study_file(tmp_path, recipes)
     spec = yaml.safe_load(path.read_text())
     spec.update(change)
+    for recipe in spec["recipes"]:
+        recipe["config"] = str(recipes["vanilla"]) if recipe["config"] == "base.yaml" else recipe["config"]
     path.write_text(yaml.safe_dump(spec))
     with pytest.raises(ConfigError) as err:
         load_study(path)
@@ -104,6 +108,15 @@ def test_runs_are_ordered_seed_by_seed_with_the_baseline_first(recipes, tmp_path
     cfg = study.run_config("pascal", 2)
     assert (cfg.training.seed, cfg.training.max_steps, cfg.training.max_minutes) == (2, 20, 0)
     assert cfg.training.out_dir == str(tmp_path / "tiny" / "runs" / "pascal" / "seed2")
+
+
+def test_a_recipe_with_seeds_of_its_own_runs_them_after_the_studys(recipes, tmp_path):
+    path = _study_file(tmp_path, {"pascal": recipes["pascal"]}, name="more",
+                       extra=[{"name": "vanilla", "config": str(recipes["vanilla"]), "seeds": [3, 1, 2]}])
+    study = load_study(path)
+    assert study.runs() == [("vanilla", 1), ("pascal", 1), ("vanilla", 2), ("pascal", 2), ("vanilla", 3)]
+    assert study.seeds_of("vanilla") == [3, 1, 2] and study.seeds_of("pascal") == [1, 2]
+    assert study.run_config("vanilla", 3).training.seed == 3
 
 
 def test_status_forecasts_the_runs_left_from_the_finished_runs_median():
@@ -299,3 +312,10 @@ def test_the_summary_table_marks_verdicts_and_gaps_to_the_baseline():
     assert rows["bad"] == "| bad | 2 | 28.75 (-1.75) ▼ |  |"  # a recipe missing from a test set: empty cell
     assert rows["half"] == "| half | 1 | 31.50 (+1.00) ▲* |  |"
     assert summary_lines("base", {}) == []
+
+
+def test_a_provisional_verdict_counts_each_sides_seeds():
+    from structnmt.study.report import _seeds_so_far
+
+    assert _seeds_so_far((1, 2), (2, 2)) == "1 of 2 seeds"
+    assert _seeds_so_far((2, 2), (2, 3)) == "2 of 2 seeds, baseline 2 of 3"

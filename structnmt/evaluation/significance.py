@@ -18,7 +18,8 @@ jhclark/multeval#5). :meth:`PairedResult.direction` calls a zero delta no differ
 real test sets, where many sentences differ, exact ties are rare.
 
 What sacreBLEU does not have is here: the sign test across test sets, combining several
-training seeds of each system into one verdict (:func:`compare_seeds`), and mean ± sd.
+training seeds of each system into one verdict (:func:`compare_seeds`), the seed-pooled
+bootstrap of Clark et al. (2011) (:func:`pooled_bootstrap`), and mean ± sd.
 
 Conventions: the baseline comes first; ``delta = score(system) − score(baseline)``; "better"
 means a higher score, except for TER where lower is better.
@@ -249,3 +250,66 @@ def compare_seeds(
         system_scores=[first_per_system[s] for s in range(len(system_runs))],
         baseline_scores=[first_per_baseline[b] for b in range(len(baseline_runs))],
     )
+
+
+@dataclass
+class PooledResult:
+    """The seeds' mean score of a system against the baseline's, by one bootstrap over sentences."""
+
+    metric: str
+    system_mean: float  # mean over the system's seeds of each seed's corpus score
+    baseline_mean: float
+    p_value: float  # two-sided
+    n_samples: int
+    seed: int
+    seeds: tuple[int, int]  # (system seeds, baseline seeds)
+
+    @property
+    def delta(self) -> float:
+        return self.system_mean - self.baseline_mean
+
+
+def pooled_bootstrap(system_runs: Sequence[Sequence[str]], baseline_runs: Sequence[Sequence[str]],
+                     refs: Sequence[Sequence[str]], metric: str = "bleu", n_samples: int = 1000,
+                     seed: int = 12345, tokenize: str | None = None) -> PooledResult:
+    """Paired bootstrap of the mean over training seeds (Clark et al. 2011, as MultEval does):
+    every resample of the test sentences is scored for every seed of both systems, and the
+    statistic is the difference of the two means. Pooling the seeds tests whether the methods
+    differ on average, with more power than asking every seed pair to agree
+    (:func:`compare_seeds`); it does not make one seed's luck count less, only more seeds do.
+
+    With one seed on each side it is sacreBLEU's paired bootstrap, resample for resample (the
+    same generator, the same centring, the same count), so the p-values are the same; sacreBLEU's
+    own sentence statistics (``Metric._extract_corpus_statistics``, which its paired tests use)
+    make each resample's score the corpus score of those sentences.
+    """
+    import numpy as np
+
+    if not system_runs or not baseline_runs:
+        raise DataError("need at least one seed of the system and one of the baseline")
+    for hyps in system_runs[1:]:
+        _check(system_runs[0], [hyps], [])
+    _check(system_runs[0], baseline_runs, refs)
+    if seed <= 0:
+        raise ValueError(f"the significance seed must be a positive integer, got {seed}")
+    scorer = make_metric(metric, tokenize)
+    refs = [list(r) for r in refs]
+    n = len(system_runs[0])
+    idxs = np.random.default_rng(seed).choice(n, size=(n_samples, n), replace=True)
+
+    def scores(runs: Sequence[Sequence[str]]) -> tuple[float, np.ndarray]:
+        observed, samples = [], []
+        for hyps in runs:
+            stats = scorer._extract_corpus_statistics(list(hyps), refs)
+            observed.append(scorer._aggregate_and_compute(stats).score)
+            array = np.array(stats, dtype="float32")
+            samples.append([scorer._compute_score_from_stats(s.sum(0)).score for s in array[idxs]])
+        return float(np.mean(observed)), np.mean(np.array(samples), axis=0)
+
+    sys_mean, sys_samples = scores(system_runs)
+    base_mean, base_samples = scores(baseline_runs)
+    diffs = np.abs(sys_samples - base_samples)
+    beyond = int(np.sum(diffs - diffs.mean() > abs(sys_mean - base_mean)))
+    return PooledResult(metric={"bleu": "BLEU", "chrf": "chrF2", "ter": "TER"}[metric], system_mean=sys_mean,
+                        baseline_mean=base_mean, p_value=(beyond + 1) / (n_samples + 1), n_samples=n_samples,
+                        seed=seed, seeds=(len(system_runs), len(baseline_runs)))

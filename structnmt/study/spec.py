@@ -10,6 +10,7 @@ overrides: {training.valid_every: 400}          # for every run
 recipes:
   - {name: transformer, config: configs/multi30k_en_de_transformer.yaml}
   - {name: pascal, config: configs/multi30k_en_de_pascal.yaml, overrides: {model.dropout: 0.3}}
+  - {name: sasa, config: configs/multi30k_en_de_sasa.yaml, seeds: [1, 2, 3]}   # its own seeds
 executor: {kind: local, jobs: 1, threads: 2, nice: 10}
 slurm: {partition: gpu, time_min: 240, gpus_per_run: 1, cpus_per_run: 8, options: {account: nmt}}
 ```
@@ -36,7 +37,7 @@ from structnmt.errors import ConfigError
 
 STUDY_FIELDS = {"name", "baseline", "seeds", "max_steps", "test_sets", "overrides", "recipes", "records",
                 "work_dir", "executor", "slurm", "long_dependency"}
-RECIPE_FIELDS = {"name", "config", "overrides"}
+RECIPE_FIELDS = {"name", "config", "overrides", "seeds"}
 EXECUTOR_FIELDS = {"kind", "jobs", "threads", "nice"}
 SLURM_FIELDS = {"partition", "time_min", "gpus_per_run", "cpus_per_run", "mem_gb", "options", "max_requeue"}
 
@@ -46,6 +47,7 @@ class Recipe:
     name: str
     config: str
     overrides: dict[str, Any] = field(default_factory=dict)
+    seeds: list[int] | None = None  # its own seeds (a baseline often gets more); None: the study's
 
 
 @dataclass
@@ -86,11 +88,17 @@ class Study:
     def recipe(self, name: str) -> Recipe:
         return next(r for r in self.recipes if r.name == name)
 
+    def seeds_of(self, recipe: str) -> list[int]:
+        return self.recipe(recipe).seeds or self.seeds
+
     def runs(self) -> list[tuple[str, int]]:
         """(recipe, seed) in the order they run: seed by seed, the baseline first, so that the
-        first finished runs already give one full comparison."""
+        first finished runs already give one full comparison; seeds only some recipes have
+        come after the study's."""
         order = [self.baseline] + [r.name for r in self.recipes if r.name != self.baseline]
-        return [(name, seed) for seed in self.seeds for name in order]
+        seeds = list(self.seeds)
+        seeds += sorted({s for r in self.recipes for s in r.seeds or []} - set(seeds))
+        return [(name, seed) for seed in seeds for name in order if seed in self.seeds_of(name)]
 
     def run_dir(self, recipe: str, seed: int) -> Path:
         return self.work_dir / recipe / f"seed{seed}"
@@ -180,7 +188,14 @@ def load_study(path: str | Path) -> Study:
         rover = item.get("overrides") or {}
         if not isinstance(rover, dict):
             raise ConfigError("expected a mapping of dotted fields to values", f"{where}.overrides", path)
-        recipes.append(Recipe(rname, config, dict(rover)))
+        rseeds = item.get("seeds")
+        if rseeds is not None:
+            if not isinstance(rseeds, list) or not rseeds:
+                raise ConfigError("expected a non-empty list of integers", f"{where}.seeds", path)
+            rseeds = [_int(s, f"{where}.seeds[{k}]", path) for k, s in enumerate(rseeds)]
+            if len(set(rseeds)) != len(rseeds):
+                raise ConfigError(f"a seed is listed twice: {rseeds}", f"{where}.seeds", path)
+        recipes.append(Recipe(rname, config, dict(rover), rseeds))
     baseline = raw["baseline"]
     if baseline not in {r.name for r in recipes}:
         raise ConfigError(f"{baseline!r} is not one of the study's recipes ({', '.join(r.name for r in recipes)})",
