@@ -223,11 +223,12 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
               "power than asking every seed pair to agree; the verdict stays the rule above.", ""]
     summary = summary_lines(study.baseline, table)
     if summary:
+        marked = any(mark in line for line in summary for mark in ("▲*", "▼*"))
+        provisional = "; *: so far, with fewer seeds than the study has" if marked else ""
         lines += [f"BLEU, mean over the recorded seeds (in brackets: minus `{study.baseline}`'s mean); "
-                  "▲ better, ▼ worse by that rule, no mark: no significant difference; *: so far, with "
-                  "fewer seeds than the study has; †: the mean over seeds differs from the baseline's "
-                  "with p < 0.05 by the seed-pooled bootstrap (below; it does not change the verdict).", "",
-                  *summary, ""]
+                  f"▲ better, ▼ worse by that rule, no mark: no significant difference{provisional}; †: the "
+                  "mean over seeds differs from the baseline's with p < 0.05 by the seed-pooled bootstrap "
+                  "(below; it does not change the verdict).", "", *summary, ""]
     for test, rows in table.items():
         lines += [f"### {test}", "", "| recipe | BLEU (mean ± sd) | chrF (mean ± sd) | BLEU per seed | "
                   "Δ BLEU | verdict | p per seed pair | p pooled |", "|---|---:|---:|---|---:|---|---|---:|"]
