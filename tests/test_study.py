@@ -132,6 +132,18 @@ def test_status_forecasts_the_runs_left_from_the_finished_runs_median():
     assert "not done" not in format_status([row("pending")])  # nothing to go by
 
 
+def test_the_training_rate_spans_readings_whose_clocks_differ(tmp_path):
+    # a fast model can log twice within one tick of the logged clock: the rate must come from
+    # the latest earlier reading that differs, not vanish (it did, and the time left with it)
+    from structnmt.study import _log_progress
+
+    records = [{"kind": "train", "step": 5, "elapsed_s": 1.0}, {"kind": "train", "step": 10, "elapsed_s": 1.2},
+               {"kind": "valid", "step": 10, "bleu": 3.5}, {"kind": "train", "step": 15, "elapsed_s": 1.2}]
+    (tmp_path / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    step, bleu, rate = _log_progress(tmp_path)
+    assert (step, bleu) == (15, 3.5) and rate == pytest.approx(0.2 / 10)
+
+
 # -- running ----------------------------------------------------------------------------------
 
 

@@ -28,14 +28,16 @@ def _log_progress(run_dir: Path) -> tuple[int | None, float | None, float | None
     if not log.is_file():
         return None, None, None
     step, bleu = None, None
-    before = last = None  # (step, elapsed_s) of the last two train records
+    before = last = None  # (step, elapsed_s) of the last train record and of one before it
     for record in read_log(log):
         if isinstance(record.get("step"), int):
             step = record["step"]
         if record.get("kind") == "valid" and isinstance(record.get("bleu"), (int, float)):
             bleu = float(record["bleu"])
         if record.get("kind") == "train" and isinstance(record.get("elapsed_s"), (int, float)):
-            before, last = last, (record["step"], float(record["elapsed_s"]))
+            if last is not None and float(record["elapsed_s"]) > last[1]:
+                before = last  # the latest earlier reading whose clock differs: a fast model logs
+            last = (record["step"], float(record["elapsed_s"]))  # twice within one clock tick
     rate = None
     if before and last and last[0] > before[0] and last[1] > before[1]:
         rate = (last[1] - before[1]) / (last[0] - before[0])

@@ -319,7 +319,7 @@ class Trainer:
             window.add(stats)
             log.progress(1 if stats.applied else 0, loss=stats.loss, lr=stats.lr)
             if stats.applied and p.step % max(t.log_every, 1) == 0:
-                log.log("train", {**window.record(p.step, p.epoch), "elapsed_s": round(time.monotonic() - began, 1)})
+                log.log("train", {**window.record(p.step, p.epoch), "elapsed_s": round(time.monotonic() - began, 3)})
                 window = TrainWindow()
 
             due = (t.valid_every > 0 and stats.applied and p.step % t.valid_every == 0) or \
@@ -346,7 +346,7 @@ class Trainer:
             status = "max_steps"
         p.elapsed_s = time.monotonic() - began
         if window:
-            log.log("train", {**window.record(p.step, p.epoch), "elapsed_s": round(p.elapsed_s, 1)})
+            log.log("train", {**window.record(p.step, p.epoch), "elapsed_s": round(p.elapsed_s, 3)})
         if saved_step != p.step:
             if status != "interrupted" and self.valid_set is not None:
                 return self._validate_and_save(log) or status
