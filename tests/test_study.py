@@ -210,6 +210,17 @@ def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_
     # the first detail row (it lists BLEU per seed), not the summary table's row above it
     (pascal_row,) = [line for line in partial.splitlines() if line.startswith("| pascal |") and "s1:" in line][:1]
     assert "so far (1 of 2 seeds)" in pascal_row and "1/1:" in pascal_row
+    # on a machine without the dataset (a fresh clone with the committed records) the scores stay
+    # and the tests say what is missing instead of guessing
+    data_dir = Path(load_study(path).run_config("pascal", 1).data.dir)
+    data_dir.rename(data_dir.with_name("moved_away"))
+    try:
+        bare = write_report(load_study(path)).read_text()
+    finally:
+        data_dir.with_name("moved_away").rename(data_dir)
+    (bare_row,) = [line for line in bare.splitlines() if line.startswith("| pascal |") and "s1:" in line][:1]
+    assert f"not tested: no references on this machine (prepare `{data_dir}` first)" in bare_row
+    assert "1/1:" not in bare_row and "s1: " in bare_row
 
     # the heads analysis scores the runs whose checkpoints are here and keeps the scores beside
     # their records; a run with neither is left out (vanilla's checkpoints were deleted above)

@@ -117,6 +117,9 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
                                               [_hyps(study, study.baseline, s, test) for s in base_seeds], [refs])
                     row["verdict"] = {"verdict": verdict, "rule": result.rule, "pooled_p": pooled.p_value,
                                       "p": {f"{seeds[s]}/{base_seeds[b]}": r.p_value for s, b, r in result.pairs}}
+                else:  # records travel, references stay with the dataset (the project ships no corpus text)
+                    row["verdict"] = {"verdict": "not tested: no references on this machine (prepare "
+                                                 f"`{study.run_config(recipe, seeds[0]).data.dir}` first)", "p": {}}
             rows[recipe] = row
         out[test] = rows
     return out
@@ -239,7 +242,7 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
                 recipe != study.baseline else ""
             verdict = row.get("verdict") or {}
             pvals = ", ".join(f"{pair}: {p:.3f}" for pair, p in (verdict.get("p") or {}).items())
-            label = verdict.get("verdict", "baseline" if recipe == study.baseline else "no references here")
+            label = verdict.get("verdict", "baseline" if recipe == study.baseline else "")
             per_seed = ", ".join(f"s{s}: {v:.2f}" for s, v in row["bleu"].items())
             pooled = f"{verdict['pooled_p']:.3f}" if verdict.get("pooled_p") is not None else ""
             lines.append(f"| {recipe} | {_mean_sd(bleu)} | {_mean_sd(list(row['chrf'].values()))} | {per_seed} | "
