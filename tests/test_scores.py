@@ -18,7 +18,7 @@ from structnmt.evaluation.challenge import (
     score_long_dependency,
     write_subset,
 )
-from structnmt.evaluation.scores import check_parallel, corpus_scores, read_text, ribes, score_files
+from structnmt.evaluation.scores import check_parallel, corpus_scores, length_ratio, read_text, ribes, score_files
 
 REFS = ["the cat sat on the mat", "a dog barked loudly at the postman", "it rains again today"]
 HYPS = ["the cat sat on a mat", "the dog barked at the postman", "today it rains again"]
@@ -79,6 +79,20 @@ def test_perfect_output_scores():
     assert scores["chrf"] == pytest.approx(100.0)
     assert scores["ter"] == pytest.approx(0.0)
     assert scores["ribes"] == pytest.approx(100.0)
+
+
+def test_bleu_parts_give_the_length_behind_the_brevity_penalty():
+    # HYPS have 6 + 6 + 4 = 16 tokens against REFS' 6 + 7 + 4 = 17 (13a splits on spaces here)
+    parts = corpus_scores(HYPS, [REFS], metrics=("bleu",))["bleu_parts"]
+    assert (parts["hyp_len"], parts["ref_len"]) == (16, 17)
+    assert parts["ratio"] == pytest.approx(16 / 17) and parts["bp"] == pytest.approx(math.exp(1 - 17 / 16))
+    # unigrams: 5 of 6, 5 of 6 (the dog: 'the' is in the reference), 4 of 4 -> 14 of 16
+    assert parts["precisions"][0] == pytest.approx(100 * 14 / 16)
+    # BLEU is the brevity penalty times the geometric mean of the four precisions
+    geo = math.exp(sum(math.log(p / 100) for p in parts["precisions"]) / 4)
+    assert corpus_scores(HYPS, [REFS], metrics=("bleu",))["bleu"] == pytest.approx(100 * parts["bp"] * geo)
+    assert length_ratio(HYPS, [REFS]) == pytest.approx(16 / 17)
+    assert corpus_scores(REFS, [REFS], metrics=("bleu",))["bleu_parts"]["bp"] == 1.0
 
 
 def test_ribes_penalises_word_order():

@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -175,6 +176,22 @@ def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_
     assert "| pascal |" in report and "| vanilla |" in report and "Verdicts against `vanilla`" in report
     assert Path(result["report"]).with_suffix(".png").stat().st_size > 1000
     assert "so far (" not in report and "*: so far" not in report  # every seed is in: no provisional verdict
+    # the length ratio column: from the records; for records made before BLEU's parts were kept,
+    # from the hypotheses and the references, to the same number
+    ratios = [json.loads((study.record_dir("pascal", s) / "record.json").read_text())["scores"]["test"]
+              ["bleu_parts"]["ratio"] for s in (1, 2)]
+    cell = f"{statistics.mean(ratios):.3f} ± {statistics.stdev(ratios):.3f}"
+
+    def pascal_detail(text: str) -> str:
+        return [line for line in text.splitlines() if line.startswith("| pascal |") and "s1:" in line][0]
+
+    assert pascal_detail(report).split(" | ")[3] == cell
+    for s in (1, 2):
+        file = study.record_dir("pascal", s) / "record.json"
+        old = json.loads(file.read_text())
+        del old["scores"]["test"]["bleu_parts"]
+        file.write_text(json.dumps(old))
+    assert pascal_detail(write_report(load_study(path)).read_text()).split(" | ")[3] == cell
 
     # a change of how runs are tested re-tests their last checkpoints: nothing is trained again
     last = study.run_dir("pascal", 1) / "last.pt"

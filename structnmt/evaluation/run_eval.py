@@ -77,8 +77,9 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
         _write_set(run_dir / "eval", split, hyps, refs, data.raw("src"), scores)
         results[split] = scores
         if not quiet:
-            print(f"{split}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({len(hyps)} sentences, "
-                  f"{seconds:.1f}s)  {scores['signature']['bleu']}")
+            parts = scores["bleu_parts"]
+            print(f"{split}: BLEU {scores['bleu']:.2f} (BP {parts['bp']:.3f}, length ratio {parts['ratio']:.3f})  "
+                  f"chrF {scores['chrf']:.2f}  ({len(hyps)} sentences, {seconds:.1f}s)  {scores['signature']['bleu']}")
         if long_dependency and data.has("src", "heads"):
             results.update(_long_dependency(run_dir, split, data, hyps, refs, long_dependency, quiet))
     return results

@@ -148,6 +148,9 @@ def corpus_scores(
 
     ``tokenize`` is BLEU's tokeniser (None: sacreBLEU's default, ``13a``, or the language's
     default when ``trg_lang`` is ``zh``/``ja``/``ko``). Values are on sacreBLEU's 0–100 scale.
+    With BLEU comes ``bleu_parts`` (n-gram precisions, brevity penalty, length ratio, lengths:
+    what sacreBLEU prints beside the score), because a BLEU gap between short-output models is
+    often the brevity penalty, not the words.
     """
     _check_refs(hyps, refs)
     unknown = [m for m in metrics if m not in METRICS]
@@ -160,9 +163,24 @@ def corpus_scores(
             result["signature"]["ribes"] = "nltk.corpus_ribes|tok:whitespace|alpha:0.25|beta:0.1"
             continue
         metric = make_metric(name, tokenize, trg_lang)
-        result[name] = float(metric.corpus_score(list(hyps), [list(r) for r in refs]).score)
+        score = metric.corpus_score(list(hyps), [list(r) for r in refs])
+        result[name] = float(score.score)
         result["signature"][name] = str(metric.get_signature())
+        if name == "bleu":
+            result["bleu_parts"] = bleu_parts(score)
     return result
+
+
+def bleu_parts(score: Any) -> dict[str, Any]:
+    """The parts of a sacreBLEU ``BLEUScore``: precisions (0–100), brevity penalty, hyp/ref length ratio."""
+    return {"precisions": [float(p) for p in score.precisions], "bp": float(score.bp),
+            "ratio": score.sys_len / score.ref_len if score.ref_len else float("nan"),
+            "hyp_len": int(score.sys_len), "ref_len": int(score.ref_len)}
+
+
+def length_ratio(hyps: Sequence[str], refs: Sequence[Sequence[str]], tokenize: str | None = None) -> float:
+    """Hypothesis length over reference length as BLEU counts them (its tokeniser, closest reference)."""
+    return bleu_parts(make_metric("bleu", tokenize).corpus_score(list(hyps), [list(r) for r in refs]))["ratio"]
 
 
 def score_files(

@@ -19,12 +19,12 @@ from structnmt.study.runs import read_failure, read_record, stale_reason
 from structnmt.study.spec import Study
 
 
-def _mean_sd(values: list[float]) -> str:
+def _mean_sd(values: list[float], digits: int = 2) -> str:
     """A table cell: the seeds are listed beside it, so mean (± sd) without the count."""
     if not values:
         return "-"
     mean, sd = mean_sd(values)
-    return f"{mean:.2f}" if math.isnan(sd) else f"{mean:.2f} ± {sd:.2f}"
+    return f"{mean:.{digits}f}" if math.isnan(sd) else f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
 
 def _seeds_so_far(have: tuple[int, int], want: tuple[int, int]) -> str:
@@ -76,6 +76,7 @@ def collect(study: Study) -> dict[str, Any]:
 
 def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     """For each test set and recipe: scores per seed, mean ± sd, and the verdict against the baseline."""
+    from structnmt.evaluation.scores import length_ratio
     from structnmt.evaluation.significance import compare_seeds, pooled_bootstrap
 
     records = data["records"]
@@ -85,6 +86,21 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
             tests += [t for t in record["scores"] if t not in tests]
     base = records.get(study.baseline, {})
     out: dict[str, dict[str, dict[str, Any]]] = {}
+    cache: dict[tuple[str, str, str], list[str] | None] = {}
+
+    def references(recipe: str, seed: int, test: str, scores: dict[str, Any]) -> list[str] | None:
+        key = (str(study.run_config(recipe, seed).data.dir), test, json.dumps(scores.get("lines")))
+        if key not in cache:
+            cache[key] = _references(study, recipe, seed, test, scores)
+        return cache[key]
+
+    def ratio(recipe: str, seed: int, test: str, scores: dict[str, Any]) -> float | None:
+        """From the record (runs tested since BLEU's parts are kept), else from hypotheses and references."""
+        if "bleu_parts" in scores:
+            return scores["bleu_parts"]["ratio"]
+        refs = references(recipe, seed, test, scores)
+        return None if refs is None else length_ratio(_hyps(study, recipe, seed, test), [refs])
+
     for test in tests:
         rows: dict[str, dict[str, Any]] = {}
         for recipe in [study.baseline] + [r.name for r in study.recipes if r.name != study.baseline]:
@@ -95,6 +111,7 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
                 "bleu": {s: r["scores"][test]["bleu"] for s, r in sorted(by_seed.items())},
                 "chrf": {s: r["scores"][test]["chrf"] for s, r in sorted(by_seed.items())},
                 "signature": next(iter(by_seed.values()))["scores"][test].get("signature", {}),
+                "ratio": {s: ratio(recipe, s, test, r["scores"][test]) for s, r in sorted(by_seed.items())},
             }
             base_seeds = sorted(s for s, r in base.items() if test in r["scores"])
             subsets = {json.dumps(r["scores"][test].get("lines")) for r in list(by_seed.values()) +
@@ -104,7 +121,7 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
                 row["verdict"] = {"verdict": "not compared (the subset's sentences differ between runs)", "p": {}}
             elif recipe != study.baseline and base_seeds:
                 seeds = sorted(by_seed)
-                refs = _references(study, recipe, seeds[0], test, by_seed[seeds[0]]["scores"][test])
+                refs = references(recipe, seeds[0], test, by_seed[seeds[0]]["scores"][test])
                 if refs is not None:
                     result = compare_seeds([_hyps(study, recipe, s, test) for s in seeds],
                                            [_hyps(study, study.baseline, s, test) for s in base_seeds], [refs])
@@ -231,10 +248,13 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
         lines += [f"BLEU, mean over the recorded seeds (in brackets: minus `{study.baseline}`'s mean); "
                   f"▲ better, ▼ worse by that rule, no mark: no significant difference{provisional}; †: the "
                   "mean over seeds differs from the baseline's with p < 0.05 by the seed-pooled bootstrap "
-                  "(below; it does not change the verdict).", "", *summary, ""]
+                  "(below; it does not change the verdict).", "", *summary, "",
+                  "Length ratio (below): the hypotheses' length over the references' as BLEU counts them; "
+                  "below 1 BLEU's brevity penalty applies (BP = exp(1 − 1/ratio)), so a gap in BLEU between "
+                  "recipes whose ratios differ is partly a gap in output length.", ""]
     for test, rows in table.items():
-        lines += [f"### {test}", "", "| recipe | BLEU (mean ± sd) | chrF (mean ± sd) | BLEU per seed | "
-                  "Δ BLEU | verdict | p per seed pair | p pooled |", "|---|---:|---:|---|---:|---|---|---:|"]
+        lines += [f"### {test}", "", "| recipe | BLEU (mean ± sd) | chrF (mean ± sd) | length ratio | BLEU per seed | "
+                  "Δ BLEU | verdict | p per seed pair | p pooled |", "|---|---:|---:|---:|---|---:|---|---|---:|"]
         base_bleu = list(rows.get(study.baseline, {}).get("bleu", {}).values())
         for recipe, row in rows.items():
             bleu = list(row["bleu"].values())
@@ -245,8 +265,9 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
             label = verdict.get("verdict", "baseline" if recipe == study.baseline else "")
             per_seed = ", ".join(f"s{s}: {v:.2f}" for s, v in row["bleu"].items())
             pooled = f"{verdict['pooled_p']:.3f}" if verdict.get("pooled_p") is not None else ""
-            lines.append(f"| {recipe} | {_mean_sd(bleu)} | {_mean_sd(list(row['chrf'].values()))} | {per_seed} | "
-                         f"{delta} | {label} | {pvals} | {pooled} |")
+            ratios = [r for r in row.get("ratio", {}).values() if r is not None]
+            lines.append(f"| {recipe} | {_mean_sd(bleu)} | {_mean_sd(list(row['chrf'].values()))} | "
+                         f"{_mean_sd(ratios, 3)} | {per_seed} | {delta} | {label} | {pvals} | {pooled} |")
         lines.append("")
     if picture is not None:
         rel = Path(picture).resolve().relative_to(out.parent.resolve()) if out.parent.resolve() in \

@@ -291,7 +291,7 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
         "parameters": run_info.get("parameters"),
         "checkpoint": "last.pt",
         "valid": [{"step": r["step"], "loss": r.get("loss"), "bleu": r.get("bleu")} for r in valid],
-        "scores": {name: {k: s[k] for k in ("bleu", "chrf", "signature", "sentences", "truncated_lines",
+        "scores": {name: {k: s[k] for k in ("bleu", "chrf", "signature", "bleu_parts", "sentences", "truncated_lines",
                                               "subset_of", "lines") if k in s}
                    for name, s in scores.items()},
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
