@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import shutil
@@ -249,6 +251,23 @@ def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_
     assert "| pascal seed 1 |" in table and "vanilla seed" not in table
     kept = json.loads((study.record_dir("pascal", 1) / "heads" / "test.json").read_text())
     assert len(kept["accuracy"]) == 1 and len(kept["accuracy"][0]) == 2 and kept["checkpoint_step"] == 20
+
+    # the output-length analysis: per recipe, BLEU and length ratio as the records have them, and
+    # BLEU without the brevity penalty is BLEU over BP
+    import output_length
+
+    # deviations (-1.5, -0.5, 0.5, 1.5) and (-3, -1, 0, 4): r = 11 / sqrt(5 * 26)
+    assert output_length.pearson([1, 2, 3, 4], [2, 4, 5, 9]) == pytest.approx(11 / 130 ** 0.5)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert output_length.main([str(path)]) == 0
+    (row,) = [line for line in out.getvalue().splitlines() if line.startswith("| vanilla |")]
+    cells = row.split(" | ")
+    records = [json.loads((study.record_dir("vanilla", s) / "record.json").read_text())["scores"]["test"]
+               for s in (1, 2)]
+    assert float(cells[2]) == pytest.approx(statistics.mean(r["bleu"] for r in records), abs=0.006)
+    assert float(cells[3]) == pytest.approx(statistics.mean(r["bleu_parts"]["ratio"] for r in records), abs=6e-4)
+    assert "Pearson's r between length ratio and BLEU" in out.getvalue()
 
 
 def _step(run_dir: Path) -> int:

@@ -34,7 +34,7 @@ def _seeds_so_far(have: tuple[int, int], want: tuple[int, int]) -> str:
     return f"{have[0]} of {want[0]} seeds, baseline {have[1]} of {want[1]}"
 
 
-def _references(study: Study, recipe: str, seed: int, test: str, scores: dict[str, Any]) -> list[str] | None:
+def run_references(study: Study, recipe: str, seed: int, test: str, scores: dict[str, Any]) -> list[str] | None:
     """The test set's references from the run's dataset (a long-dependency subset: its lines)."""
     from structnmt.data.dataset import ParallelDataset
 
@@ -48,7 +48,7 @@ def _references(study: Study, recipe: str, seed: int, test: str, scores: dict[st
     return refs
 
 
-def _hyps(study: Study, recipe: str, seed: int, test: str) -> list[str]:
+def run_hypotheses(study: Study, recipe: str, seed: int, test: str) -> list[str]:
     path = study.record_dir(recipe, seed) / "hyps" / f"{test}.hyp"
     text = path.read_text(encoding="utf-8")
     return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")  # lines as written
@@ -91,7 +91,7 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
     def references(recipe: str, seed: int, test: str, scores: dict[str, Any]) -> list[str] | None:
         key = (str(study.run_config(recipe, seed).data.dir), test, json.dumps(scores.get("lines")))
         if key not in cache:
-            cache[key] = _references(study, recipe, seed, test, scores)
+            cache[key] = run_references(study, recipe, seed, test, scores)
         return cache[key]
 
     def ratio(recipe: str, seed: int, test: str, scores: dict[str, Any]) -> float | None:
@@ -99,7 +99,7 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
         if "bleu_parts" in scores:
             return scores["bleu_parts"]["ratio"]
         refs = references(recipe, seed, test, scores)
-        return None if refs is None else length_ratio(_hyps(study, recipe, seed, test), [refs])
+        return None if refs is None else length_ratio(run_hypotheses(study, recipe, seed, test), [refs])
 
     for test in tests:
         rows: dict[str, dict[str, Any]] = {}
@@ -123,15 +123,15 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
                 seeds = sorted(by_seed)
                 refs = references(recipe, seeds[0], test, by_seed[seeds[0]]["scores"][test])
                 if refs is not None:
-                    result = compare_seeds([_hyps(study, recipe, s, test) for s in seeds],
-                                           [_hyps(study, study.baseline, s, test) for s in base_seeds], [refs])
+                    ours = [run_hypotheses(study, recipe, s, test) for s in seeds]
+                    theirs = [run_hypotheses(study, study.baseline, s, test) for s in base_seeds]
+                    result = compare_seeds(ours, theirs, [refs])
                     verdict = result.verdict
                     have, want = (len(seeds), len(base_seeds)), (len(study.seeds_of(recipe)),
                                                                    len(study.seeds_of(study.baseline)))
                     if have != want:  # the rule wants every seed of both
                         verdict += f" so far ({_seeds_so_far(have, want)})"
-                    pooled = pooled_bootstrap([_hyps(study, recipe, s, test) for s in seeds],
-                                              [_hyps(study, study.baseline, s, test) for s in base_seeds], [refs])
+                    pooled = pooled_bootstrap(ours, theirs, [refs])
                     row["verdict"] = {"verdict": verdict, "rule": result.rule, "pooled_p": pooled.p_value,
                                       "p": {f"{seeds[s]}/{base_seeds[b]}": r.p_value for s, b, r in result.pairs}}
                 else:  # records travel, references stay with the dataset (the project ships no corpus text)
