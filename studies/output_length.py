@@ -7,7 +7,9 @@ for a short budget often stop early, and then a gap in BLEU between two recipes 
 of one) can be a gap in length rather than in the words chosen. For every recorded run this
 prints, per test set, BLEU, the length ratio (hypothesis over reference, as BLEU counts them),
 the brevity penalty and BLEU without it (the precisions' geometric mean: what the words earn),
-then each recipe's means and, across all runs, Pearson's r between length ratio and BLEU.
+then each recipe's means and, across all runs, Pearson's r between length ratio and BLEU. A last
+table puts every recipe beside the baseline on all test sets: length ratio, and the gaps in
+BLEU, in BLEU without the brevity penalty and in chrF (recall-weighted, so it sees omissions).
 Reads the records' hypotheses and the references of the prepared dataset on this machine.
 """
 
@@ -39,7 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tests", nargs="+", help="default: the study's test sets")
     args = parser.parse_args(argv)
     study = load_study(args.study)
-    for test in args.tests or study.test_sets:
+    means: dict[str, dict[str, dict[str, float]]] = {}  # recipe -> test -> mean of each figure
+    tests = args.tests or study.test_sets
+    for test in tests:
         runs: dict[str, list[dict[str, float]]] = {}
         for recipe, seed in study.runs():
             record = read_record(study, recipe, seed)
@@ -49,17 +53,19 @@ def main(argv: list[str] | None = None) -> int:
             if refs is None:
                 print(f"{recipe} seed {seed}: no references on this machine (prepare the dataset)", file=sys.stderr)
                 continue
-            scores = corpus_scores(run_hypotheses(study, recipe, seed, test), [refs], metrics=("bleu",))
+            scores = corpus_scores(run_hypotheses(study, recipe, seed, test), [refs], metrics=("bleu", "chrf"))
             parts = scores["bleu_parts"]
             runs.setdefault(recipe, []).append({"seed": seed, "bleu": scores["bleu"], "ratio": parts["ratio"],
-                                                "bp": parts["bp"], "words": scores["bleu"] / parts["bp"]})
+                                                "bp": parts["bp"], "words": scores["bleu"] / parts["bp"],
+                                                "chrf": scores["chrf"]})
         if not runs:
             continue
         print(f"\n## {test}\n")
         print("| recipe | seeds | BLEU | length ratio | BP | BLEU without BP | per seed: BLEU / ratio |")
         print("|---|---:|---:|---:|---:|---:|---|")
         for recipe, rows in runs.items():
-            mean = {k: statistics.mean(r[k] for r in rows) for k in ("bleu", "ratio", "bp", "words")}
+            mean = {k: statistics.mean(r[k] for r in rows) for k in ("bleu", "ratio", "bp", "words", "chrf")}
+            means.setdefault(recipe, {})[test] = mean
             seeds = ", ".join(f"s{r['seed']}: {r['bleu']:.2f} / {r['ratio']:.3f}" for r in rows)
             print(f"| {recipe} | {len(rows)} | {mean['bleu']:.2f} | {mean['ratio']:.3f} | {mean['bp']:.3f} | "
                   f"{mean['words']:.2f} | {seeds} |")
@@ -69,7 +75,27 @@ def main(argv: list[str] | None = None) -> int:
                   f"{pearson([r['ratio'] for r in every], [r['bleu'] for r in every]):.2f}; "
                   f"BLEU spans {min(r['bleu'] for r in every):.2f}-{max(r['bleu'] for r in every):.2f}, "
                   f"BLEU without BP {min(r['words'] for r in every):.2f}-{max(r['words'] for r in every):.2f}.")
+    summary(study.baseline, tests, means)
     return 0
+
+
+def summary(baseline: str, tests: list[str], means: dict[str, dict[str, dict[str, float]]]) -> None:
+    base = means.get(baseline)
+    if not base:
+        return
+    shown = [t for t in tests if t in base]
+    print(f"\n## Against `{baseline}` (means over seeds; each cell: {' / '.join(shown)})\n")
+    print("| recipe | length ratio | Δ BLEU | Δ BLEU without BP | Δ chrF |\n|---|---|---|---|---|")
+    for recipe, by_test in means.items():
+        if recipe == baseline or any(t not in by_test for t in shown):
+            continue
+        ratio = " / ".join(f"{by_test[t]['ratio']:.3f}" for t in shown)
+        gaps = [" / ".join(f"{by_test[t][key] - base[t][key]:+.2f}" for t in shown)
+                for key in ("bleu", "words", "chrf")]
+        print(f"| {recipe} | {ratio} | " + " | ".join(gaps) + " |")
+    ratio = " / ".join(f"{base[t]['ratio']:.3f}" for t in shown)
+    print(f"| {baseline} (baseline) | {ratio} | " + " | ".join(
+        " / ".join(f"{base[t][key]:.2f}" for t in shown) for key in ("bleu", "words", "chrf")) + " |")
 
 
 if __name__ == "__main__":
