@@ -25,14 +25,15 @@ sys.path.insert(0, str(ROOT))
 
 from structnmt.evaluation.scores import corpus_scores  # noqa: E402
 from structnmt.study.report import run_hypotheses, run_references  # noqa: E402
-from structnmt.study.runs import read_record  # noqa: E402
+from structnmt.study.runs import read_record, stale_reason  # noqa: E402
 from structnmt.study.spec import load_study  # noqa: E402
 
 
 def pearson(xs: list[float], ys: list[float]) -> float:
-    mx, my = statistics.mean(xs), statistics.mean(ys)
-    cov = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    return cov / (sum((x - mx) ** 2 for x in xs) * sum((y - my) ** 2 for y in ys)) ** 0.5
+    try:
+        return statistics.correlation(xs, ys)
+    except statistics.StatisticsError:  # fewer than two runs, or one side constant
+        return float("nan")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -47,14 +48,17 @@ def main(argv: list[str] | None = None) -> int:
         runs: dict[str, list[dict[str, float]]] = {}
         for recipe, seed in study.runs():
             record = read_record(study, recipe, seed)
-            if record is None or test not in record["scores"]:
-                continue
+            if record is None or test not in record["scores"] or stale_reason(study, recipe, seed, record):
+                continue  # as the report: only records that stand for today's recipe
             refs = run_references(study, recipe, seed, test, record["scores"][test])
             if refs is None:
                 print(f"{recipe} seed {seed}: no references on this machine (prepare the dataset)", file=sys.stderr)
                 continue
             scores = corpus_scores(run_hypotheses(study, recipe, seed, test), [refs], metrics=("bleu", "chrf"))
             parts = scores["bleu_parts"]
+            if not parts["bp"] or parts["ratio"] is None:
+                print(f"{recipe} seed {seed}: empty output or references on {test}, left out", file=sys.stderr)
+                continue
             runs.setdefault(recipe, []).append({"seed": seed, "bleu": scores["bleu"], "ratio": parts["ratio"],
                                                 "bp": parts["bp"], "words": scores["bleu"] / parts["bp"],
                                                 "chrf": scores["chrf"]})

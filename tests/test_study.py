@@ -267,7 +267,16 @@ def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_
                for s in (1, 2)]
     assert float(cells[2]) == pytest.approx(statistics.mean(r["bleu"] for r in records), abs=0.006)
     assert float(cells[3]) == pytest.approx(statistics.mean(r["bleu_parts"]["ratio"] for r in records), abs=6e-4)
+    # BLEU without BP: each run's BLEU over its BP, then the mean
+    assert float(cells[5]) == pytest.approx(statistics.mean(r["bleu"] / r["bleu_parts"]["bp"] for r in records),
+                                            abs=0.006)
     assert "Pearson's r between length ratio and BLEU" in out.getvalue()
+    # the table against the baseline: pascal's gap in BLEU is its mean minus vanilla's
+    (gaps,) = [line for line in out.getvalue().splitlines() if line.startswith("| pascal |") and line.count("|") == 6]
+    pascal = [json.loads((study.record_dir("pascal", 1) / "record.json").read_text())["scores"]["test"]["bleu"]]
+    assert not (study.record_dir("pascal", 2) / "record.json").exists()  # removed above
+    gap = statistics.mean(pascal) - statistics.mean(r["bleu"] for r in records)
+    assert float(gaps.split(" | ")[2]) == pytest.approx(gap, abs=0.006)
 
 
 def _step(run_dir: Path) -> int:
@@ -354,7 +363,7 @@ def test_threads_per_run_never_oversubscribe_the_cores(monkeypatch):
 
 
 def test_the_summary_table_marks_verdicts_and_gaps_to_the_baseline():
-    from structnmt.study.report import summary_lines
+    from structnmt.study.report import summary_legend, summary_lines
 
     def row(bleu: dict[int, float], verdict: str | None = None) -> dict:
         return {"bleu": bleu, "chrf": {}, "signature": {}, **({"verdict": {"verdict": verdict}} if verdict else {})}
@@ -372,6 +381,10 @@ def test_the_summary_table_marks_verdicts_and_gaps_to_the_baseline():
     assert rows["bad"] == "| bad | 2 | 28.75 (-1.75) ▼ |  |"  # a recipe missing from a test set: empty cell
     assert rows["half"] == "| half | 1 | 31.50 (+1.00) ▲* |  |"
     assert summary_lines("base", {}) == []
+    # the key explains * where a provisional better/worse is shown, and only there
+    assert "*: so far" in summary_legend("base", table)
+    table["t1"]["half"]["verdict"]["verdict"] = "no significant difference so far (1 of 2 seeds)"  # no mark
+    assert "*: so far" not in summary_legend("base", table) and "▲ better" in summary_legend("base", table)
 
 
 def test_a_provisional_verdict_counts_each_sides_seeds():

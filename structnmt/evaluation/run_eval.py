@@ -78,7 +78,8 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
         results[split] = scores
         if not quiet:
             parts = scores["bleu_parts"]
-            print(f"{split}: BLEU {scores['bleu']:.2f} (BP {parts['bp']:.3f}, length ratio {parts['ratio']:.3f})  "
+            ratio = f"{parts['ratio']:.3f}" if parts["ratio"] is not None else "-"
+            print(f"{split}: BLEU {scores['bleu']:.2f} (BP {parts['bp']:.3f}, length ratio {ratio})  "
                   f"chrF {scores['chrf']:.2f}  ({len(hyps)} sentences, {seconds:.1f}s)  {scores['signature']['bleu']}")
         if long_dependency and data.has("src", "heads"):
             results.update(_long_dependency(run_dir, split, data, hyps, refs, long_dependency, quiet))

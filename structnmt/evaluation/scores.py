@@ -174,11 +174,11 @@ def corpus_scores(
 def bleu_parts(score: Any) -> dict[str, Any]:
     """The parts of a sacreBLEU ``BLEUScore``: precisions (0–100), brevity penalty, hyp/ref length ratio."""
     return {"precisions": [float(p) for p in score.precisions], "bp": float(score.bp),
-            "ratio": score.sys_len / score.ref_len if score.ref_len else float("nan"),
+            "ratio": score.sys_len / score.ref_len if score.ref_len else None,  # JSON has no NaN
             "hyp_len": int(score.sys_len), "ref_len": int(score.ref_len)}
 
 
-def length_ratio(hyps: Sequence[str], refs: Sequence[Sequence[str]], tokenize: str | None = None) -> float:
+def length_ratio(hyps: Sequence[str], refs: Sequence[Sequence[str]], tokenize: str | None = None) -> float | None:
     """Hypothesis length over reference length as BLEU counts them (its tokeniser, closest reference)."""
     return bleu_parts(make_metric("bleu", tokenize).corpus_score(list(hyps), [list(r) for r in refs]))["ratio"]
 

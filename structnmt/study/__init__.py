@@ -35,9 +35,10 @@ def _log_progress(run_dir: Path) -> tuple[int | None, float | None, float | None
         if record.get("kind") == "valid" and isinstance(record.get("bleu"), (int, float)):
             bleu = float(record["bleu"])
         if record.get("kind") == "train" and isinstance(record.get("elapsed_s"), (int, float)):
+            # before: the latest earlier reading whose clock differs (a fast model can log twice in one tick)
             if last is not None and float(record["elapsed_s"]) > last[1]:
-                before = last  # the latest earlier reading whose clock differs: a fast model logs
-            last = (record["step"], float(record["elapsed_s"]))  # twice within one clock tick
+                before = last
+            last = (record["step"], float(record["elapsed_s"]))
     rate = None
     if before and last and last[0] > before[0] and last[1] > before[1]:
         rate = (last[1] - before[1]) / (last[0] - before[0])

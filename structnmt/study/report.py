@@ -13,6 +13,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from structnmt.errors import StructNMTError
 from structnmt.evaluation.significance import mean_sd
 from structnmt.io import atomic_write_text
 from structnmt.study.runs import read_failure, read_record, stale_reason
@@ -99,7 +100,10 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
         if "bleu_parts" in scores:
             return scores["bleu_parts"]["ratio"]
         refs = references(recipe, seed, test, scores)
-        return None if refs is None else length_ratio(run_hypotheses(study, recipe, seed, test), [refs])
+        try:
+            return None if refs is None else length_ratio(run_hypotheses(study, recipe, seed, test), [refs])
+        except (OSError, StructNMTError):  # a missing or misaligned hypothesis file: no ratio, not no report
+            return None
 
     for test in tests:
         rows: dict[str, dict[str, Any]] = {}
@@ -212,6 +216,16 @@ def summary_lines(baseline: str, table: dict[str, dict[str, dict[str, Any]]]) ->
     return lines
 
 
+def summary_legend(baseline: str, table: dict[str, dict[str, dict[str, Any]]]) -> str:
+    """The summary table's key; the provisional mark is explained only where one is shown."""
+    verdicts = [(row.get("verdict") or {}).get("verdict", "") for rows in table.values() for row in rows.values()]
+    marked = any(v.startswith(("better", "worse")) and "so far" in v for v in verdicts)
+    provisional = "; *: so far, with fewer seeds than the study has" if marked else ""
+    return (f"BLEU, mean over the recorded seeds (in brackets: minus `{baseline}`'s mean); ▲ better, ▼ worse "
+            f"by that rule, no mark: no significant difference{provisional}; †: the mean over seeds differs "
+            "from the baseline's with p < 0.05 by the seed-pooled bootstrap (below; it does not change the verdict).")
+
+
 def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[str, Any]]],
            picture: Path | None, out: Path) -> str:
     records = data["records"]
@@ -243,12 +257,7 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
               "power than asking every seed pair to agree; the verdict stays the rule above.", ""]
     summary = summary_lines(study.baseline, table)
     if summary:
-        marked = any(mark in line for line in summary for mark in ("▲*", "▼*"))
-        provisional = "; *: so far, with fewer seeds than the study has" if marked else ""
-        lines += [f"BLEU, mean over the recorded seeds (in brackets: minus `{study.baseline}`'s mean); "
-                  f"▲ better, ▼ worse by that rule, no mark: no significant difference{provisional}; †: the "
-                  "mean over seeds differs from the baseline's with p < 0.05 by the seed-pooled bootstrap "
-                  "(below; it does not change the verdict).", "", *summary, "",
+        lines += [summary_legend(study.baseline, table), "", *summary, "",
                   "Length ratio (below): the hypotheses' length over the references' as BLEU counts them; "
                   "below 1 BLEU's brevity penalty applies (BP = exp(1 − 1/ratio)), so a gap in BLEU between "
                   "recipes whose ratios differ is partly a gap in output length.", ""]
@@ -262,7 +271,7 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
                 recipe != study.baseline else ""
             verdict = row.get("verdict") or {}
             pvals = ", ".join(f"{pair}: {p:.3f}" for pair, p in (verdict.get("p") or {}).items())
-            label = verdict.get("verdict", "baseline" if recipe == study.baseline else "")
+            label = verdict.get("verdict", "baseline" if recipe == study.baseline else "no baseline runs")
             per_seed = ", ".join(f"s{s}: {v:.2f}" for s, v in row["bleu"].items())
             pooled = f"{verdict['pooled_p']:.3f}" if verdict.get("pooled_p") is not None else ""
             ratios = [r for r in row.get("ratio", {}).values() if r is not None]
