@@ -207,6 +207,8 @@ def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_
     assert set(retest["runs"].values()) == {"done"} and len(retest["runs"]) == 4
     assert last.stat().st_mtime_ns == trained_at
     assert json.loads((study.record_dir("pascal", 1) / "record.json").read_text())["test"]["decoding"]["beam"] == 1
+    # and the re-test decoded as recorded: with the study's decoding, not the checkpoint's own
+    assert json.loads((study.run_dir("pascal", 1) / "eval" / "test.json").read_text())["beam"] == 1
 
     # without any checkpoint, the records alone keep every finished run finished
     shutil.rmtree(study.work_dir)
@@ -251,6 +253,17 @@ def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_
     assert "| pascal seed 1 |" in table and "vanilla seed" not in table
     kept = json.loads((study.record_dir("pascal", 1) / "heads" / "test.json").read_text())
     assert len(kept["accuracy"]) == 1 and len(kept["accuracy"][0]) == 2 and kept["checkpoint_step"] == 20
+
+    # re-decoding with other length penalties: the recipe's own α gives the record's BLEU again
+    import length_penalty
+
+    record = json.loads((study.record_dir("pascal", 1) / "record.json").read_text())
+    alpha = record["test"]["decoding"]["length_penalty"]
+    assert length_penalty.main([str(path), "--split", "test", "--alphas", str(alpha), "2.0"]) == 0
+    kept = json.loads((study.record_dir("pascal", 1) / "length_penalty" / "test.json").read_text())
+    assert set(kept) == {f"{alpha:g}", "2"} and kept["2"]["beam"] == record["test"]["decoding"]["beam"]
+    assert kept[f"{alpha:g}"]["bleu"] == pytest.approx(record["scores"]["test"]["bleu"], abs=1e-9)
+    assert kept[f"{alpha:g}"]["ratio"] == pytest.approx(record["scores"]["test"]["bleu_parts"]["ratio"])
 
     # the output-length analysis: per recipe, BLEU and length ratio as the records have them, and
     # BLEU without the brevity penalty is BLEU over BP

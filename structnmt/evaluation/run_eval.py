@@ -11,6 +11,7 @@ is scored: one longer than the model reads is translated from a prefix (``trunca
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from pathlib import Path
@@ -42,11 +43,13 @@ def _write_set(out: Path, name: str, hyps: list[str], refs: list[str], sources: 
 
 def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, splits: list[str] | None = None,
                  device: str | None = "auto", beam: int | None = None, quiet: bool = False,
-                 long_dependency: int = 7) -> dict[str, dict]:
+                 long_dependency: int = 7, decoding: Any = None) -> dict[str, dict]:
     """Translate a run's test splits; write ``eval/<split>.{hyp,ref,src,json}``; return the scores by set.
 
     ``long_dependency``: also score the sentences whose source parse has an arc of that many
     words or more (0: off). With ``quiet=False`` one line per set is printed as it is done.
+    ``decoding`` (a ``DecodingConfig``) replaces the checkpoint's own decoding section: a study
+    whose decoding changed after training re-tests with today's settings, not the old ones.
     """
     from structnmt.data.dataset import ParallelDataset
     from structnmt.decoding.translate import translate_split
@@ -59,7 +62,8 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
     ckpt = run_checkpoint(run_dir, checkpoint)
     translator = load_translator(ckpt, device)
     cfg = translator.config
-    settings = translator.decoding(beam=beam)
+    base = dataclasses.asdict(decoding) if decoding is not None else {}
+    settings = translator.decoding(**{**base, "beam": beam if beam is not None else base.get("beam")})
     meta = json.loads((translator.dataset_dir / "meta.json").read_text(encoding="utf-8"))
     names = splits or [s for s in meta["splits"] if s not in (cfg.data.train_split, cfg.data.valid_split)]
     results = {}

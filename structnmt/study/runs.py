@@ -273,7 +273,7 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
                            f"before the study's {study.max_steps} updates")
     started = time.time()
     scores = evaluate_run(run_dir, checkpoint=str(run_dir / "last.pt"), splits=study.test_sets, quiet=True,
-                          long_dependency=study.long_dependency)
+                          long_dependency=study.long_dependency, decoding=cfg.decoding)
     test_seconds = time.time() - started
     run_info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     from structnmt.training.logger import read_log
