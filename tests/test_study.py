@@ -177,6 +177,10 @@ def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_
     assert "## Failed runs" in report and "broken seed 1" in report
     assert "| pascal |" in report and "| vanilla |" in report and "Verdicts against `vanilla`" in report
     assert Path(result["report"]).with_suffix(".png").stat().st_size > 1000
+    # with nothing left to run the standing report is kept, not rewritten
+    written = Path(result["report"]).stat().st_mtime_ns
+    assert run_study(path, only=["vanilla", "pascal"]) == {"runs": {}, "report": result["report"]}
+    assert Path(result["report"]).stat().st_mtime_ns == written
     assert "so far (" not in report and "*: so far" not in report  # every seed is in: no provisional verdict
     # the length ratio column: from the records; for records made before BLEU's parts were kept,
     # from the hypotheses and the references, to the same number

@@ -148,7 +148,8 @@ def prepare_datasets(study: Study, runs: list[tuple[str, int]]) -> dict[str, str
 
 def run_study(path: str | Path, jobs: int | None = None, executor: str | None = None,
               only: list[str] | None = None, report: bool = True) -> dict[str, Any]:
-    """Run what is not yet recorded (all of it, or the recipes in ``only``), then report.
+    """Run what is not yet recorded (all of it, or the recipes in ``only``), then report (when
+    nothing was left to run, a standing report is kept as it is).
 
     Returns ``{"runs": {"recipe/seedN": status}, "report": path or None}``.
     """
@@ -203,7 +204,13 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
     else:
         _say("every run is recorded and current")
     report_path = None
-    if report:
+    standing = study.records / "report.md"
+    if report and not todo and standing.is_file():
+        # nothing changed: keep the report (one written where the references were is not
+        # replaced by one from a fresh clone that cannot test significance); --report rewrites
+        _say(f"the report stands: {standing} (--report writes it again)")
+        report_path = standing
+    elif report:
         from structnmt.study.report import write_report
 
         report_path = write_report(study)
