@@ -62,8 +62,10 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
     ckpt = run_checkpoint(run_dir, checkpoint)
     translator = load_translator(ckpt, device)
     cfg = translator.config
-    base = dataclasses.asdict(decoding) if decoding is not None else {}
-    settings = translator.decoding(**{**base, "beam": beam if beam is not None else base.get("beam")})
+    changes = dataclasses.asdict(decoding) if decoding is not None else {}
+    if beam is not None:
+        changes["beam"] = beam
+    settings = translator.decoding(**changes)
     meta = json.loads((translator.dataset_dir / "meta.json").read_text(encoding="utf-8"))
     names = splits or [s for s in meta["splits"] if s not in (cfg.data.train_split, cfg.data.valid_split)]
     results = {}
