@@ -331,12 +331,13 @@ def study_status(study: str | Path) -> list[dict[str, Any]]:
     return status(study)
 
 
-def study_report(study: str | Path, out: str | Path | None = None) -> Path:
-    """Write a study's report from its records (default ``RECORDS/report.md``); returns its path."""
+def study_report(study: str | Path, out: str | Path | None = None, baseline: str | None = None) -> Path:
+    """Write a study's report from its records (default ``RECORDS/report.md``); returns its path.
+    ``baseline``: against another of its recipes instead (``RECORDS/report_vs_BASELINE.md``)."""
     from structnmt.study import load_study
     from structnmt.study.report import write_report
 
-    return write_report(load_study(study), out)
+    return write_report(load_study(study), out, baseline)
 
 
 # ---------------------------------------------------------------------------

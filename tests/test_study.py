@@ -198,6 +198,17 @@ def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_
         del old["scores"]["test"]["bleu_parts"]
         file.write_text(json.dumps(old))
     assert pascal_detail(write_report(load_study(path)).read_text()).split(" | ")[3] == cell
+    # against another recipe: its own report beside the study's, which is left alone
+    standing = Path(result["report"]).read_text()
+    versus = write_report(load_study(path), baseline="pascal")
+    assert versus.name == "report_vs_pascal.md" and versus.with_suffix(".png").exists()
+    text = versus.read_text()
+    assert "Verdicts against `pascal`" in text and "--report --baseline pascal" in text
+    vanilla_row = [line for line in text.splitlines() if line.startswith("| vanilla |") and "s1:" in line][0]
+    assert "baseline" not in vanilla_row.split(" | ")[-3] and "1/1: " in vanilla_row
+    assert Path(result["report"]).read_text() == standing
+    with pytest.raises(ConfigError, match="baseline: 'nope' is not a recipe of this study"):
+        write_report(load_study(path), baseline="nope")
 
     # a change of how runs are tested re-tests their last checkpoints: nothing is trained again
     last = study.run_dir("pascal", 1) / "last.pt"

@@ -181,8 +181,10 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.status:
         print(format_status(api.study_status(args.study)))
         return 0
+    if args.baseline and not args.report:
+        raise ConfigError("--baseline only changes a report: give --report with it")
     if args.report:
-        print(f"report written to {api.study_report(args.study, args.out)}")
+        print(f"report written to {api.study_report(args.study, args.out, args.baseline)}")
         return 0
     result = api.run_study(args.study, jobs=args.jobs, executor=args.executor, only=args.only)
     print(format_status(api.study_status(args.study)))
@@ -356,6 +358,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--status", action="store_true", help="print where every run stands and exit")
     s.add_argument("--report", action="store_true", help="write the report from the records and exit")
     s.add_argument("--out", help="with --report: where to write it (default RECORDS/report.md)")
+    s.add_argument("--baseline", metavar="RECIPE",
+                   help="with --report: compare against this recipe instead of the study's baseline "
+                        "(default out: RECORDS/report_vs_RECIPE.md)")
     s.add_argument("--jobs", type=int, help="local executor: runs at once (threads are split between them)")
     s.add_argument("--executor", choices=["local", "slurm", "submitit-local"],
                    help="default: the study file's executor.kind; submitit-local runs the SLURM path here")
