@@ -206,8 +206,10 @@ def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_
     assert "Verdicts against `pascal`" in text and "--report --baseline pascal" in text
     vanilla_row = [line for line in text.splitlines() if line.startswith("| vanilla |") and "s1:" in line][0]
     assert "baseline" not in vanilla_row.split(" | ")[-3] and "1/1: " in vanilla_row
+    # the gap turns round: vanilla against pascal is minus pascal against vanilla
+    assert float(vanilla_row.split(" | ")[5]) == -float(pascal_detail(standing).split(" | ")[5])
     assert Path(result["report"]).read_text() == standing
-    with pytest.raises(ConfigError, match="baseline: 'nope' is not a recipe of this study"):
+    with pytest.raises(ConfigError, match="baseline: 'nope' is not one of the study's recipes"):
         write_report(load_study(path), baseline="nope")
 
     # a change of how runs are tested re-tests their last checkpoints: nothing is trained again

@@ -7,14 +7,13 @@ still has every score, and says that it could not test significance.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
-from structnmt.errors import ConfigError, StructNMTError
+from structnmt.errors import StructNMTError
 from structnmt.evaluation.significance import mean_sd
 from structnmt.io import atomic_write_text
 from structnmt.study.runs import read_failure, read_record, stale_reason
@@ -228,7 +227,7 @@ def summary_legend(baseline: str, table: dict[str, dict[str, dict[str, Any]]]) -
 
 
 def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[str, Any]]],
-           picture: Path | None, out: Path, command: str | None = None) -> str:
+           picture: Path | None, out: Path, report_flags: str = "--report") -> str:
     records = data["records"]
     all_records = [r for by_seed in records.values() for r in by_seed.values()]
     lines = [f"# Study `{study.name}`", ""]
@@ -239,7 +238,7 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
     lines += ["## Commands", "", "```sh",
               f"structnmt study {study.path}            # runs what is missing, then writes this report",
               f"structnmt study {study.path} --status   # where every run stands",
-              command or f"structnmt study {study.path} --report   # this report from the records", "```", ""]
+              f"structnmt study {study.path} {report_flags}   # this report from the records", "```", ""]
     machines = sorted({f"{r.get('cpu')}, {r.get('device')}, {r.get('precision')}, {r.get('threads')} thread(s)"
                        for r in all_records})
     if machines:
@@ -314,20 +313,15 @@ def write_report(study: Study, out: str | Path | None = None, baseline: str | No
     ``baseline`` compares against another recipe of the study (a control against the method it
     controls, say) in ``<records>/report_vs_<baseline>.md``, leaving the study's report alone.
     """
-    command = None
+    name, flags = "report.md", "--report"
     if baseline and baseline != study.baseline:
-        names = [r.name for r in study.recipes]
-        if baseline not in names:
-            raise ConfigError(f"{baseline!r} is not a recipe of this study (its recipes: {', '.join(names)})",
-                              "baseline", study.path)
-        study = dataclasses.replace(study, baseline=baseline)
-        out = Path(out) if out else study.records / f"report_vs_{baseline}.md"
-        command = f"structnmt study {study.path} --report --baseline {baseline}   # this report from the records"
-    out = Path(out) if out else study.records / "report.md"
+        study = study.with_baseline(baseline)
+        name, flags = f"report_vs_{baseline}.md", f"--report --baseline {baseline}"
+    out = Path(out) if out else study.records / name
     data = collect(study)
     table = compare(study, data)
     picture = _picture(study, table, out.with_suffix(".png"))
-    text = render(study, data, table, picture, out, command)
+    text = render(study, data, table, picture, out, flags)
     atomic_write_text(out, text)
     summary = {test: {recipe: {"bleu": row["bleu"], "verdict": (row.get("verdict") or {}).get("verdict"),
                                "pooled_p": (row.get("verdict") or {}).get("pooled_p")}

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +88,12 @@ class Study:
     def recipe(self, name: str) -> Recipe:
         return next(r for r in self.recipes if r.name == name)
 
+    def with_baseline(self, name: str) -> Study:
+        """The same study compared against another of its recipes (a control against the
+        method it controls, say)."""
+        _check_baseline(name, self.recipes, self.path)
+        return replace(self, baseline=name)
+
     def seeds_of(self, recipe: str) -> list[int]:
         return self.recipe(recipe).seeds or self.seeds
 
@@ -140,6 +146,12 @@ def _int(value: Any, where: str, path: Path, minimum: int = 0) -> int:
     if value < minimum:
         raise ConfigError(f"must be at least {minimum}, got {value}", where, path)
     return value
+
+
+def _check_baseline(baseline: str, recipes: list[Recipe], path: Path) -> None:
+    if baseline not in {r.name for r in recipes}:
+        raise ConfigError(f"{baseline!r} is not one of the study's recipes ({', '.join(r.name for r in recipes)})",
+                          "baseline", path)
 
 
 def load_study(path: str | Path) -> Study:
@@ -197,9 +209,7 @@ def load_study(path: str | Path) -> Study:
                 raise ConfigError(f"a seed is listed twice: {rseeds}", f"{where}.seeds", path)
         recipes.append(Recipe(rname, config, dict(rover), rseeds))
     baseline = raw["baseline"]
-    if baseline not in {r.name for r in recipes}:
-        raise ConfigError(f"{baseline!r} is not one of the study's recipes ({', '.join(r.name for r in recipes)})",
-                          "baseline", path)
+    _check_baseline(baseline, recipes, path)
     test_sets = raw.get("test_sets")
     if test_sets is not None and (not isinstance(test_sets, list) or not all(isinstance(t, str) for t in test_sets)):
         raise ConfigError("expected a list of split names", "test_sets", path)
