@@ -132,7 +132,7 @@ class AttentionPlugin(nn.Module):
         """The plug-in's heads as a tensor on ``device``, made once (no host copy per call)."""
         cached = self._head_index.get(device)
         if cached is None:
-            cached = self._head_index[device] = torch.tensor(self.heads, dtype=torch.long).to(device)
+            cached = self._head_index[device] = torch.tensor(self.heads, dtype=torch.long, device=device)
         return cached
 
     def queries(self, q: Tensor, ctx: AttentionContext) -> Tensor:

@@ -33,9 +33,9 @@ def head_mask(heads: list[int], n_heads: int, device: torch.device) -> Tensor:
 
 @functools.lru_cache(maxsize=256)
 def _head_mask(heads: tuple[int, ...], n_heads: int, device: torch.device) -> Tensor:
-    mask = torch.zeros(n_heads, dtype=torch.bool)
+    mask = torch.zeros(n_heads, dtype=torch.bool, device=device)
     mask[list(heads)] = True
-    return mask.view(1, n_heads, 1, 1).to(device)
+    return mask.view(1, n_heads, 1, 1)
 
 
 def valid_pairs(valid: Tensor) -> Tensor:
