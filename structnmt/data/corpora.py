@@ -1,7 +1,8 @@
 """The papers' corpora in the layout the recipes read (``docs/corpora.md``).
 
 ``structnmt download wmt14-en-de --out data/raw/wmt14_en_de`` fetches the public archives
-(or, with ``--from DIR``, reads the same archives from a local copy) and writes plain text:
+(or a mirror's copies, ``$STRUCTNMT_DOWNLOAD_URL``, see :mod:`structnmt.data.download`; or, with
+``--from DIR``, reads the same archives from a local copy) and writes plain text:
 
 * **WMT14 En-De** (``configs/wmt14_en_de_*.yaml``): ``train.{en,de}`` = Europarl v7, Common
   Crawl and News Commentary v9, concatenated in that order (about 4.5M pairs, cleaned by
@@ -21,10 +22,11 @@ from __future__ import annotations
 
 import re
 import tarfile
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+from structnmt.data.download import base_url, mirror_checksums, url_of
+from structnmt.data.download import fetch as fetch_file
 from structnmt.errors import DataError
 from structnmt.io import atomic_open
 
@@ -45,26 +47,19 @@ _INLINE_TAG = re.compile(r"</?(title|description)>")
 _SEG = re.compile(r"<seg[^>]*>\s*(.*?)\s*</seg>")
 
 
-def fetch(archives: dict[str, str], out: Path, local: Path | None) -> dict[str, Path]:
-    """The archives, from ``local`` if given, else downloaded into ``out/downloads``."""
+def fetch(archives: dict[str, str], out: Path, local: Path | None, base: str | None = None) -> dict[str, Path]:
+    """The archives, from ``local`` if given, else downloaded into ``out/downloads`` (from the mirror
+    ``base`` or ``$STRUCTNMT_DOWNLOAD_URL`` when set, else from their public homes)."""
     found = {}
-    for name, url in archives.items():
+    base = base_url(base) if local is None else None
+    sums = mirror_checksums(base)
+    for name, public in archives.items():
         if local is not None:
             path = local / name
             if not path.is_file():
-                raise DataError(f"{name} is not here (expected the file downloaded from {url})", local)
+                raise DataError(f"{name} is not here (expected the file downloaded from {public})", local)
         else:
-            path = out / "downloads" / name
-            if not path.is_file():
-                print(f"downloading {url}", flush=True)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                partial = path.with_suffix(path.suffix + ".part")
-                try:
-                    urllib.request.urlretrieve(url, partial)
-                except OSError as err:
-                    raise DataError(f"cannot download {url} ({err}); download it by hand and use --from DIR",
-                                    path) from None
-                partial.replace(path)
+            path = fetch_file(url_of(name, public, base), out / "downloads" / name, sums.get(name))
         found[name] = path
     return found
 
@@ -152,14 +147,15 @@ CORPORA = {
 }
 
 
-def download(name: str, out: str | Path, local: str | Path | None = None) -> dict[str, int]:
-    """Fetch (or read from ``local``) and lay out corpus ``name`` in ``out``; the line count of each file."""
+def download(name: str, out: str | Path, local: str | Path | None = None, base: str | None = None) -> dict[str, int]:
+    """Fetch (or read from ``local``) and lay out corpus ``name`` in ``out``; the line count of each file.
+    ``base``: a mirror's URL holding the archives under their names (default ``$STRUCTNMT_DOWNLOAD_URL``)."""
     if name not in CORPORA:
         raise DataError(f"unknown corpus {name!r} (known: {', '.join(CORPORA)})")
     archives, build = CORPORA[name]
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    counts = build(fetch(archives, out, Path(local) if local is not None else None), out)
+    counts = build(fetch(archives, out, Path(local) if local is not None else None, base), out)
     for file, count in counts.items():
         print(f"{out / file}: {count:,} lines")
     return counts

@@ -2,47 +2,33 @@
 
 Nothing is copied or decompressed: the corpus reader reads ``.gz`` directly. With
 ``from_dir`` (a local copy such as ``../shared/data/multi30k``) the config points at those
-files; without it the files are downloaded once from the corpus's public repository
-into ``<out>/raw``.
+files; without it the files are downloaded once from the corpus's public repository (or a mirror,
+:mod:`structnmt.data.download`) into ``<out>/raw``.
 """
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import yaml
 
 from structnmt.config import DataConfig, from_dict
+from structnmt.data.download import NotFoundError, base_url, fetch, mirror_checksums, url_of
 from structnmt.errors import ConfigError, DataError
-from structnmt.io import atomic_open, atomic_write_text
+from structnmt.io import atomic_write_text
 
 SPLITS = ("train", "val", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
 LANGS = ("en", "de", "fr", "cs")
 URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/{name}"
 
 
-def _download(name: str, cache: Path) -> Path:
-    target = cache / name
-    if target.is_file():
-        return target
-    url = URL.format(name=name)
-    try:
-        with urllib.request.urlopen(url, timeout=60) as response, atomic_open(target, "wb") as handle:
-            while block := response.read(1 << 16):
-                handle.write(block)
-    except (urllib.error.URLError, OSError) as err:
-        raise DataError(f"cannot download {url} ({err}); without internet, pass a local copy "
-                        "(--from-dir, e.g. ../shared/data/multi30k)", target) from None
-    return target
-
-
-def build_multi30k(pair: str, out: Path, from_dir: Path | None = None) -> DataConfig:
+def build_multi30k(pair: str, out: Path, from_dir: Path | None = None, base: str | None = None) -> DataConfig:
     """Write ``<out>/multi30k.<pair>.yaml`` (a ``data:`` section) and return its DataConfig.
 
     ``pair`` is ``src-tgt`` (``en-de``); the dataset directory is ``<out>/multi30k-<pair>``.
-    A split missing for a language (the 2017 MSCOCO test has no Czech) is left out.
+    A split missing for a language (the 2017 MSCOCO test has no Czech: HTTP 404) is left out;
+    any other failed download stops here. ``base``: a mirror holding the raw files under their
+    names (default ``$STRUCTNMT_DOWNLOAD_URL``), else the corpus's public repository.
     """
     try:
         src, tgt = pair.split("-")
@@ -52,6 +38,8 @@ def build_multi30k(pair: str, out: Path, from_dir: Path | None = None) -> DataCo
         if lang not in LANGS:
             raise ConfigError(f"Multi30k has no {lang!r} (languages: {', '.join(LANGS)})", "pair")
     out = Path(out)
+    base = base_url(base) if from_dir is None else None
+    sums = mirror_checksums(base)
     splits: dict[str, dict[str, str]] = {}
     for split in SPLITS:
         files = {}
@@ -63,8 +51,8 @@ def build_multi30k(pair: str, out: Path, from_dir: Path | None = None) -> DataCo
                     break
             else:
                 try:
-                    path = _download(name, out / "raw")
-                except DataError:
+                    path = fetch(url_of(name, URL.format(name=name), base), out / "raw" / name, sums.get(name))
+                except NotFoundError:
                     if split == "train":
                         raise
                     break

@@ -1,0 +1,262 @@
+"""``structnmt download`` and ``structnmt prepare multi30k`` end to end against an HTTP server on
+127.0.0.1 that the test starts, serving small archives built in the published layouts.
+
+The base URL goes through ``$STRUCTNMT_DOWNLOAD_URL``, the same path a user's mirror takes.
+Covered: success (the files land where the recipes read them), a connection cut mid-file (no
+half file is taken as done, the rerun resumes with a range request, or restarts when the
+server ignores ranges), a 404 and a checksum mismatch (one-line errors naming the URL).
+
+Checked against the bugs: with the size check in ``download.fetch`` removed, the cut tests
+fail (the half archive is renamed as done and the rerun has nothing to resume); with the
+digest check removed, the mismatch test fails; with ``multi30k`` skipping any failed split
+(as it did) rather than a 404 only, ``test_multi30k_stops_on_a_cut_test_split`` fails.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from structnmt.cli.main import main
+from structnmt.config import load_config
+from structnmt.data.download import BASE_URL_ENV, CHECKSUMS
+from tests.test_corpora import tgz
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+
+class Mirror:
+    """A tiny HTTP server: ``files`` by name, optional range support, cuts and stand-ins served once."""
+
+    def __init__(self, files: dict[str, bytes], ranges: bool = True) -> None:
+        self.files = {f"mirror/{name}": body for name, body in files.items()}  # served under /mirror/
+        self.ranges = ranges
+        self.cut: dict[str, int] = {}  # name -> bytes sent before the connection is dropped (once)
+        self.requests: list[tuple[str, str | None]] = []  # (name, Range header)
+        mirror = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 (http.server's name)
+                name = self.path.lstrip("/")
+                mirror.requests.append((name, self.headers.get("Range")))
+                body = mirror.files.get(name)
+                if body is None:
+                    self.send_error(404, "Not Found")
+                    return
+                start = 0
+                wanted = self.headers.get("Range")
+                if mirror.ranges and wanted and wanted.startswith("bytes="):
+                    start = int(wanted[6:].split("-")[0])
+                    if start >= len(body):
+                        self.send_error(416, "Range Not Satisfiable")
+                        return
+                    self.send_response(206)
+                    self.send_header("Content-Range", f"bytes {start}-{len(body) - 1}/{len(body)}")
+                else:
+                    self.send_response(200)
+                self.send_header("Content-Length", str(len(body) - start))
+                self.end_headers()
+                stop = mirror.cut.pop(name, None)
+                self.wfile.write(body[start:stop] if stop is not None else body[start:])
+                if stop is not None:
+                    self.wfile.flush()
+                    self.close_connection = True
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/mirror"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def publish_checksums(self) -> None:
+        lines = [f"{hashlib.sha256(body).hexdigest()}  {name.split('/', 1)[1]}\n" for name, body in self.files.items()]
+        self.files[f"mirror/{CHECKSUMS}"] = "".join(lines).encode()
+
+    def __enter__(self) -> Mirror:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def _tgz_bytes(members: dict[str, str], tmp: Path, name: str) -> bytes:
+    tgz(tmp / name, members)
+    return (tmp / name).read_bytes()
+
+
+def wmt14_archives(tmp: Path) -> dict[str, bytes]:
+    """The five WMT14 archives in their published layouts, with a few lines each (and padding, so
+    that a cut lands mid-file)."""
+    filler = "".join(f"filler line {k} of a bigger file\n" for k in range(400))
+    seg = '<doc>\n<seg id="1"> A test. </seg>\n<seg id="2">Two</seg>\n</doc>\n'
+    members = {
+        "training-parallel-europarl-v7.tgz": {"training/europarl-v7.de-en.en": "e1\ne2\n",
+                                              "training/europarl-v7.de-en.de": "d1\nd2\n",
+                                              "training/europarl-v7.fr-en.en": filler},
+        "training-parallel-commoncrawl.tgz": {"commoncrawl.de-en.en": "c1\n", "commoncrawl.de-en.de": "k1\n"},
+        "training-parallel-nc-v9.tgz": {"training/news-commentary-v9.de-en.en": "n1\n",
+                                        "training/news-commentary-v9.de-en.de": "m1\n"},
+        "dev.tgz": {"dev/newstest2013.en": "dev en\n", "dev/newstest2013.de": "dev de\n", "dev/README": filler},
+        "test-full.tgz": {"test-full/newstest2014-deen-src.en.sgm": seg,
+                          "test-full/newstest2014-deen-ref.de.sgm": seg.replace("test", "Test")},
+    }
+    return {name: _tgz_bytes(m, tmp, name) for name, m in members.items()}
+
+
+def iwslt14_archive(tmp: Path) -> dict[str, bytes]:
+    de = "\n".join(["<url>http://x</url>"] + [f"Das ist Satz Nummer {k} ." for k in range(1, 47)]) + "\n"
+    en = "\n".join(["<url>http://x</url>"] + [f"This is sentence number {k} ." for k in range(1, 47)]) + "\n"
+    members = {"de-en/train.tags.de-en.de": de, "de-en/train.tags.de-en.en": en}
+    for name in ["IWSLT14.TED.dev2010", "IWSLT14.TEDX.dev2012", "IWSLT14.TED.tst2010", "IWSLT14.TED.tst2011",
+                 "IWSLT14.TED.tst2012"]:
+        for lang in ("de", "en"):
+            members[f"de-en/{name}.de-en.{lang}.xml"] = f'<doc>\n<seg id="1"> {name} {lang} </seg>\n</doc>\n'
+    return {"de-en.tgz": _tgz_bytes(members, tmp, "de-en.tgz")}
+
+
+def multi30k_files() -> dict[str, bytes]:
+    """Multi30k task 1's raw files as its repository publishes them (``SPLIT.LANG.gz``), en and de."""
+    words = ["a", "dog", "man", "woman", "runs", "sits", "on", "the", "grass", "in", "red", "shirt", "street"]
+    files = {}
+    for split, n in (("train", 60), ("val", 8), ("test_2016_flickr", 8), ("test_2017_flickr", 6),
+                     ("test_2017_mscoco", 6)):
+        for lang in ("en", "de"):
+            lines = [" ".join(words[(k + i) % len(words)] for i in range(3 + k % 5)) + (" ." if lang == "en" else
+                                                                                        " !") for k in range(n)]
+            files[f"{split}.{lang}.gz"] = gzip.compress(("\n".join(lines) + "\n").encode(), mtime=0)
+    return files
+
+
+def run(args: list[str], capsys: pytest.CaptureFixture) -> tuple[int, str]:
+    code = main(args)
+    return code, capsys.readouterr().err
+
+
+@pytest.fixture
+def at(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    """Points ``$STRUCTNMT_DOWNLOAD_URL`` at a mirror and runs in ``tmp_path`` (the recipes' paths are relative)."""
+    monkeypatch.chdir(tmp_path)
+
+    def use(mirror: Mirror) -> Mirror:
+        monkeypatch.setenv(BASE_URL_ENV, mirror.url)
+        return mirror
+    return use
+
+
+def test_wmt14_download_lands_where_the_recipe_reads(tmp_path, at, capsys):
+    archives = wmt14_archives(tmp_path)
+    with at(Mirror(archives)) as mirror:
+        mirror.publish_checksums()
+        code, err = run(["download", "wmt14-en-de", "--out", "data/raw/wmt14_en_de"], capsys)
+    assert code == 0, err
+    data = load_config(CONFIGS / "wmt14_en_de_transformer.yaml").data
+    for split in data.splits.values():
+        assert Path(split.src).is_file() and Path(split.tgt).is_file(), split
+    assert Path(data.splits["train"].src).read_text() == "e1\ne2\nc1\nn1\n"
+    assert Path("data/raw/wmt14_en_de/newstest2014.de").read_text() == "A Test.\nTwo\n"
+    downloads = Path("data/raw/wmt14_en_de/downloads")
+    assert sorted(p.name for p in downloads.iterdir()) == sorted(archives)  # no .part left
+    assert all((downloads / n).read_bytes() == body for n, body in archives.items())
+
+
+def test_iwslt14_download_lands_where_the_recipe_reads(tmp_path, at, capsys):
+    with at(Mirror(iwslt14_archive(tmp_path))):
+        code, err = run(["download", "iwslt14-de-en", "--out", "data/raw/iwslt14_de_en"], capsys)
+    assert code == 0, err
+    data = load_config(CONFIGS / "iwslt14_de_en_transformer.yaml").data
+    assert {name: len(Path(s.src).read_text().splitlines()) for name, s in data.splits.items()} == {
+        "train": 44, "valid": 2, "test": 5}
+
+
+@pytest.mark.parametrize("ranges", [True, False], ids=["resumes", "restarts"])
+def test_a_cut_connection_leaves_no_file_taken_as_done_and_the_rerun_finishes(tmp_path, at, capsys, ranges):
+    archives = wmt14_archives(tmp_path)
+    dev = archives["dev.tgz"]
+    with at(Mirror(archives, ranges=ranges)) as mirror:
+        mirror.publish_checksums()
+        mirror.cut["mirror/dev.tgz"] = len(dev) // 2
+        code, err = run(["download", "wmt14-en-de", "--out", "out"], capsys)
+        assert code == 2
+        assert err.count("\n") == 1 and f"{mirror.url}/dev.tgz stopped after {len(dev) // 2:,} of {len(dev):,}" in err
+        assert not Path("out/downloads/dev.tgz").exists() and Path("out/downloads/dev.tgz.part").exists()
+        assert not Path("out/newstest2013.en").exists()
+
+        code, err = run(["download", "wmt14-en-de", "--out", "out"], capsys)
+        assert code == 0, err
+        asked = [r for name, r in mirror.requests if name == "mirror/dev.tgz"]
+        assert asked == [None, f"bytes={len(dev) // 2}-"]  # the rerun asked for the rest only
+        before = [name for name, _ in mirror.requests].count("mirror/training-parallel-europarl-v7.tgz")
+        assert before == 1  # finished files are not fetched again
+    assert Path("out/downloads/dev.tgz").read_bytes() == dev
+    assert not Path("out/downloads/dev.tgz.part").exists()
+    assert Path("out/newstest2013.en").read_text() == "dev en\n"
+
+
+def test_a_missing_file_is_one_line_naming_its_url(tmp_path, at, capsys):
+    archives = wmt14_archives(tmp_path)
+    del archives["test-full.tgz"]
+    with at(Mirror(archives)) as mirror:
+        code, err = run(["download", "wmt14-en-de", "--out", "out"], capsys)
+    assert code == 2 and err.count("\n") == 1
+    assert err == f"error: cannot download {mirror.url}/test-full.tgz: HTTP 404 Not Found\n"
+    assert not list(Path("out/downloads").glob("test-full*"))
+
+
+def test_a_checksum_mismatch_is_one_line_naming_its_url_and_keeps_nothing(tmp_path, at, capsys):
+    with at(Mirror(iwslt14_archive(tmp_path))) as mirror:
+        mirror.publish_checksums()
+        good = mirror.files["mirror/de-en.tgz"]
+        mirror.files["mirror/de-en.tgz"] = good[:-1] + bytes([good[-1] ^ 1])  # one bit flipped
+        code, err = run(["download", "iwslt14-de-en", "--out", "out"], capsys)
+        assert code == 2 and err.count("\n") == 1
+        assert err.startswith(f"error: {mirror.url}/de-en.tgz has SHA-256 ")
+        assert hashlib.sha256(good).hexdigest() in err
+        assert not list(Path("out/downloads").iterdir())
+        mirror.files["mirror/de-en.tgz"] = good  # the mirror repaired: the rerun goes through
+        code, err = run(["download", "iwslt14-de-en", "--out", "out"], capsys)
+    assert code == 0, err
+
+
+def test_prepare_multi30k_downloads_and_prepares(tmp_path, at, capsys):
+    with at(Mirror(multi30k_files())) as mirror:
+        mirror.publish_checksums()
+        del mirror.files["mirror/test_2017_mscoco.de.gz"]  # as for Czech: a split a language lacks is left out
+        code, err = run(["prepare", "multi30k", "--pair", "en-de", "--out", "data/m30k"], capsys)
+    assert code == 0, err
+    raw = Path("data/m30k_raw/raw")
+    assert sorted(p.name for p in raw.iterdir()) == sorted(n for n in multi30k_files() if n != "test_2017_mscoco.de.gz")
+    meta = (Path("data/m30k") / "meta.json").read_text()
+    assert '"train"' in meta and '"test_2016_flickr"' in meta and "test_2017_mscoco" not in meta
+
+
+def test_multi30k_stops_on_a_cut_test_split(tmp_path, at, capsys):
+    files = multi30k_files()
+    with at(Mirror(files)) as mirror:
+        mirror.cut["mirror/test_2016_flickr.de.gz"] = 10
+        code, err = run(["prepare", "multi30k", "--pair", "en-de", "--out", "data/m30k"], capsys)
+        assert code == 2 and err.count("\n") == 1 and f"{mirror.url}/test_2016_flickr.de.gz stopped after 10" in err
+        code, err = run(["prepare", "multi30k", "--pair", "en-de", "--out", "data/m30k"], capsys)
+    assert code == 0, err
+    assert gzip.decompress(Path("data/m30k_raw/raw/test_2016_flickr.de.gz").read_bytes()).count(b"\n") == 8
+
+
+def test_without_a_mirror_the_public_homes_are_asked(monkeypatch):
+    from structnmt.data import corpora, multi30k
+    from structnmt.data.download import base_url, url_of
+
+    monkeypatch.delenv(BASE_URL_ENV, raising=False)
+    assert base_url() is None
+    assert url_of("dev.tgz", corpora.WMT14_ARCHIVES["dev.tgz"], None) == "http://statmt.org/wmt14/dev.tgz"
+    monkeypatch.setenv(BASE_URL_ENV, "http://mirror.example/nmt/")
+    assert url_of("train.en.gz", multi30k.URL.format(name="train.en.gz"), base_url()) == \
+        "http://mirror.example/nmt/train.en.gz"
+    assert base_url("http://other/") == "http://other"  # an explicit base wins over the variable
+
