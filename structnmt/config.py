@@ -10,6 +10,7 @@ default.
 from __future__ import annotations
 
 import dataclasses
+import math
 import types
 import typing
 from dataclasses import dataclass, field
@@ -76,6 +77,8 @@ def convert(tp: Any, value: Any, where: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ConfigError(f"expected a number, got {value!r}", where)
+        if not math.isfinite(value):  # .nan passes every "must be positive" test by failing none
+            raise ConfigError(f"expected a finite number, got {value!r}", where)
         return float(value)
     if tp is str:
         if not isinstance(value, str):
@@ -123,6 +126,16 @@ def _need(cond: bool, message: str, where: str) -> None:
         raise ConfigError(message, where)
 
 
+def _at_least(obj: Any, where: str, minimum: float, *names: str) -> None:
+    """Each field in ``names`` is at least ``minimum``: a negative count or budget means nothing."""
+    for name in names:
+        value = getattr(obj, name)
+        if minimum == 0:
+            _need(value >= 0, f"must not be negative, got {value!r}", f"{where}.{name}")
+        else:
+            _need(value >= minimum, f"must be at least {minimum:g}, got {value!r}", f"{where}.{name}")
+
+
 # ---------------------------------------------------------------------------
 # data: what ``structnmt prepare`` does
 
@@ -142,6 +155,7 @@ class ParserConfig:
             _need(bool(self.model), f"the {self.backend} back end needs a model name", f"{where}.model")
         if self.backend == "conllu":
             _need(bool(self.conllu), "the conllu back end needs a CoNLL-U file per split", f"{where}.conllu")
+        _at_least(self, where, 1, "batch_size")
 
 
 @dataclass
@@ -180,6 +194,7 @@ class SubwordConfig:
     def validate(self, where: str) -> None:
         _need(self.vocab_size >= 16, "must be at least 16", f"{where}.vocab_size")
         _need(self.sample_pairs >= 0, "must not be negative (0: all training pairs)", f"{where}.sample_pairs")
+        _need(0.0 < self.character_coverage <= 1.0, "must be in (0, 1]", f"{where}.character_coverage")
 
 
 @dataclass
@@ -187,6 +202,7 @@ class CleanConfig:
     max_len: int = 250  # words (whitespace tokens) per side
     max_ratio: float = 3.0  # longer/shorter side, in words
     drop_bad_lines: bool = False  # drop (and count) undecodable or control-character lines instead of failing
+    allow_misaligned: bool = False  # go on (with a warning) where source and target lines slip against each other
 
     def validate(self, where: str) -> None:
         _need(self.max_len > 0, "must be positive", f"{where}.max_len")
@@ -243,6 +259,7 @@ class ModelConfig:
         _need(self.enc_layers >= 1, "must be at least 1", f"{where}.enc_layers")
         _need(self.dec_layers >= 1, "must be at least 1", f"{where}.dec_layers")
         _need(self.n_heads >= 1, "must be at least 1", f"{where}.n_heads")
+        _at_least(self, where, 1, "d_model", "d_ff", "max_positions")
         _need(self.d_model % self.n_heads == 0,
               f"n_heads ({self.n_heads}) must divide d_model ({self.d_model})", f"{where}.n_heads")
         for name in ("dropout", "attention_dropout", "activation_dropout"):
@@ -299,6 +316,11 @@ class TrainingConfig:
         _need(len(self.betas) == 2 and all(0 <= b < 1 for b in self.betas), "must be two numbers in [0, 1)",
               f"{where}.betas")
         _need(0.0 <= self.label_smoothing < 1.0, "must be in [0, 1)", f"{where}.label_smoothing")
+        _need(self.eps > 0, "must be positive", f"{where}.eps")
+        _at_least(self, where, 0, "max_steps", "max_epochs", "max_minutes", "weight_decay", "clip_norm",
+                  "valid_every", "early_stopping", "keep_last", "log_every", "num_workers", "threads",
+                  "max_bad_steps", "bucket_width")
+        _at_least(self, where, 1, "valid_beam")
 
 
 # ---------------------------------------------------------------------------
@@ -317,6 +339,8 @@ class DecodingConfig:
     def validate(self, where: str) -> None:
         _need(self.beam >= 1, "must be at least 1", f"{where}.beam")
         _need(1 <= self.nbest <= self.beam, "must be between 1 and beam", f"{where}.nbest")
+        _at_least(self, where, 0, "length_penalty", "max_len_a", "max_len_b")
+        _at_least(self, where, 1, "max_tokens")
 
 
 @dataclass
@@ -339,9 +363,12 @@ def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     except UnicodeDecodeError as err:
         raise ConfigError(f"not valid UTF-8 ({err.reason})", path=path) from None
     try:
-        raw = yaml.safe_load(text) or {}
+        _refuse_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), path)
+        raw = yaml.safe_load(text)
     except yaml.YAMLError as err:
         raise ConfigError(f"not valid YAML: {err}", path=path) from None
+    if raw is None:  # an empty file (or only comments) would otherwise fail later, naming no file
+        raise ConfigError("the config file is empty", path=path)
     if not isinstance(raw, dict):
         raise ConfigError("the config must be a mapping of sections", path=path)
     base = raw.pop("base", None)
@@ -350,6 +377,25 @@ def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     if not isinstance(base, str):
         raise ConfigError(f"expected the path of a config, got {base!r}", "base", path)
     return _merge(_read_yaml(path.parent / base, chain + (path.resolve(),)), raw)
+
+
+def _refuse_duplicate_keys(node: yaml.Node | None, path: Path, where: str = "") -> None:
+    """YAML lets a later key silently replace an earlier one; a config with a key twice is refused,
+    naming both lines (1-based), since either could be the one meant."""
+    if isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _refuse_duplicate_keys(item, path, f"{where}[{i}]")
+    if not isinstance(node, yaml.MappingNode):
+        return
+    seen: dict[str, int] = {}
+    for key, value in node.value:
+        name = str(key.value)
+        dotted = f"{where}.{name}" if where else name
+        line = key.start_mark.line + 1
+        if name in seen:
+            raise ConfigError(f"duplicate key {name!r} on lines {seen[name]} and {line}: keep one", dotted, path)
+        seen[name] = line
+        _refuse_duplicate_keys(value, path, dotted)
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -149,6 +149,109 @@ class RatioWatch:
                 f"misaligned; {where}")
 
 
+class AlignmentWatch:
+    """Finds the line where source and target files slip against each other.
+
+    Sentence lengths of a translation follow those of its source: in a window of aligned
+    pairs the source and target word counts correlate strongly, and a target ``k`` lines away
+    does not correlate. After a line is added to or lost from one file (a blank line on one
+    side), source line ``n`` reads like the translation of target line ``n - k``: the
+    correlation at offset ``k`` beats the one at offset 0 by far. That is what is looked for,
+    every ``stride`` pairs, over the last ``window`` pairs (offsets up to ``max_offset``);
+    the place where alignment breaks is then found within the two windows kept in memory.
+    Repetitive text (equal lengths everywhere, or a period that makes several offsets look
+    alike) gives no evidence and is never refused.
+    """
+
+    def __init__(self, window: int = 200, stride: int = 50, max_offset: int = 3, high: float = 0.5,
+                 margin: float = 0.3) -> None:
+        self.window, self.stride, self.max_offset, self.high, self.margin = window, stride, max_offset, high, margin
+        self.recent: deque[tuple[int, int, int]] = deque(maxlen=2 * window + 2 * max_offset)
+        self.seen = 0
+        self.broken: tuple[int, int] | None = None  # (first line read out of step, offset k)
+
+    def add(self, line: int, src: str | None, tgt: str | None) -> tuple[int, int] | None:
+        """Feed one pair (None: a dropped bad line); returns (line, offset) when alignment broke here."""
+        if self.broken is not None or src is None or tgt is None:
+            return None
+        self.recent.append((line, _words(src), _words(tgt)))
+        self.seen += 1
+        span = self.window + 2 * self.max_offset
+        if self.seen >= span and self.seen % self.stride == 0:
+            self.broken = self._check(span)
+            return self.broken
+        return None
+
+    def finish(self) -> tuple[int, int] | None:
+        """Check the pairs read since the last check (at the end of the file)."""
+        span = self.window + 2 * self.max_offset
+        if self.broken is None and self.seen >= span and self.seen % self.stride:
+            self.broken = self._check(span)
+        return self.broken
+
+    def _check(self, span: int) -> tuple[int, int] | None:
+        import numpy as np
+
+        rows = np.asarray(self.recent, dtype=np.float64)
+        last, k_max = rows[-span:], self.max_offset
+        src = last[k_max:k_max + self.window, 1]
+
+        def corr(k: int) -> float:  # source line n against target line n - k
+            return _correlation(src, last[k_max - k:k_max - k + self.window, 2])
+
+        aligned = corr(0)
+        offset = max((k for k in range(-k_max, k_max + 1) if k), key=lambda k: (round(corr(k), 6), -abs(k)))
+        if corr(offset) < self.high or corr(offset) - aligned < self.margin:
+            return None
+        return self._locate(rows, offset), offset
+
+    @staticmethod
+    def _locate(rows, k: int) -> int:
+        """The line where the pairs stop matching at offset 0 and start matching at offset ``k``:
+        the split of the kept pairs that fits best (z-scored lengths, least squares)."""
+        import numpy as np
+
+        n = len(rows)
+        zs, zt = _zscore(rows[:, 1]), _zscore(rows[:, 2])
+        aligned = (zs - zt) ** 2
+        shifted = np.zeros(n)
+        first, stop = max(k, 0), n + min(k, 0)  # where target line i - k is in memory
+        shifted[first:stop] = (zs[first:stop] - zt[first - k:stop - k]) ** 2
+        before = np.concatenate([[0.0], np.cumsum(aligned)])
+        after = np.concatenate([np.cumsum(shifted[::-1])[::-1], [0.0]])
+        cut = first + int(np.argmin((before + after)[first:stop + 1]))
+        cut = min(cut, n - 1)
+        for j in sorted(range(cut - 5, cut + 6), key=lambda j: abs(j - cut)):  # a line blank on one side: there
+            if 0 <= j < n and ((k > 0 and rows[j, 1] == 0 < rows[j, 2]) or (k < 0 and rows[j, 2] == 0 < rows[j, 1])):
+                return int(rows[j, 0])
+        return int(rows[cut, 0])
+
+    def message(self, split: SplitFiles) -> str:
+        """What :func:`misaligned_error` says, without the file and line."""
+        assert self.broken is not None
+        _, k = self.broken
+        src, tgt = (split.src, split.tgt) if split.tsv is None else ("the source column", "the target column")
+        added, lost = (src, tgt) if k > 0 else (tgt, src)
+        return (f"source and target stop matching here: from this line on, source line n reads like the "
+                f"translation of target line n{-k:+d} (sentence lengths over {self.window} pairs); a line was "
+                f"added to {added} or lost from {lost} about here. Fix the files, or set "
+                "data.clean.allow_misaligned: true to go on with them as they are")
+
+
+def _correlation(a, b) -> float:
+    """Pearson correlation; 0 when either side does not vary (no evidence either way)."""
+    import numpy as np
+
+    a, b = a - a.mean(), b - b.mean()
+    scale = float(np.sqrt((a * a).sum() * (b * b).sum()))
+    return float((a * b).sum() / scale) if scale > 0 else 0.0
+
+
+def _zscore(values):
+    spread = values.std()
+    return (values - values.mean()) / spread if spread > 0 else values * 0.0
+
+
 def clean_pairs(
     numbered: Iterable[tuple[int, str | None, str | None]], clean: CleanConfig, watch: RatioWatch | None = None
 ) -> tuple[list[tuple[int, str, str]], dict[str, int]]:

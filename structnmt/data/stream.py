@@ -33,7 +33,7 @@ import numpy as np
 import sentencepiece as spm
 
 from structnmt.config import CleanConfig, DataConfig, SplitFiles
-from structnmt.data.corpus import DROP_REASONS, RatioWatch, iter_clean, iter_pairs
+from structnmt.data.corpus import DROP_REASONS, AlignmentWatch, Pair, RatioWatch, iter_clean, iter_pairs
 from structnmt.data.dataset import NO_LABEL, DatasetWriter, NpyStream, read_npy_chunks
 from structnmt.data.example import Example, Side
 from structnmt.data.identity import config_digest, file_digest, fingerprint_inputs, input_files, parser_identity
@@ -125,8 +125,8 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
         clean = clean_config(data, split)
         long: list[int] = []
         with Progress(f"{split}: read and clean", unit="lines", enabled=verbose) as bar:
-            for number, src, tgt in iter_clean(_ticking(iter_pairs(files, clean.drop_bad_lines), bar), clean,
-                                               report, watch):
+            pairs = _aligned(iter_pairs(files, clean.drop_bad_lines), files, split, data.clean.allow_misaligned, say)
+            for number, src, tgt in iter_clean(_ticking(pairs, bar), clean, report, watch):
                 if watch is None and (_words(src) > data.clean.max_len or _words(tgt) > data.clean.max_len):
                     long.append(number)
         warning = watch.warning(split_path(files), data.clean.max_ratio) if watch is not None else \
@@ -167,6 +167,27 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
     }
     atomic_write_text(work / "plan.json", json.dumps(plan, indent=2, ensure_ascii=False) + "\n")
     return plan
+
+
+def _aligned(pairs: Iterable[Pair], files: SplitFiles, split: str, allow: bool, say) -> Iterator[Pair]:
+    """Pass the pairs through an :class:`AlignmentWatch`: where source and target slip against each
+    other, stop naming the line (or, with ``data.clean.allow_misaligned``, say it once and go on)."""
+    watch = AlignmentWatch()
+    for pair in pairs:
+        yield pair
+        if watch.add(*pair) is not None:
+            break
+    else:
+        watch.finish()
+        pairs = iter(())
+    if watch.broken is not None:
+        line, _ = watch.broken
+        path = split_path(files)
+        if not allow:
+            raise DataError(watch.message(files), path, line)
+        say(f"{split}: warning: {path}:{line}: {watch.message(files).split('. Fix the files')[0]} "
+            "(data.clean.allow_misaligned: going on)")
+    yield from pairs
 
 
 def _long_line_warning(lines: list[int], max_len: int, path: str) -> str | None:

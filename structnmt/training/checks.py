@@ -38,7 +38,7 @@ def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str,
 
 
 #: data fields that do not change what a prepared dataset holds
-DATA_FIELDS_WITHOUT_EFFECT = ("data.processes", "data.cache_dir", "data.dir")
+DATA_FIELDS_WITHOUT_EFFECT = ("data.processes", "data.cache_dir", "data.dir", "data.clean.allow_misaligned")
 
 
 def check_dataset_matches_config(cfg: ExperimentConfig, dataset_dir: Path) -> None:
