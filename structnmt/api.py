@@ -50,6 +50,9 @@ def _overrides(overrides: Overrides) -> dict[str, Any]:
         return dict(overrides)
     if isinstance(overrides, str):
         overrides = [overrides]
+    if not isinstance(overrides, Sequence) or not all(isinstance(item, str) for item in overrides):
+        raise ConfigError(f"expected a mapping of dotted keys or a list of 'KEY=VALUE' strings, got {overrides!r}",
+                          "overrides")
     return parse_overrides(list(overrides), "overrides")
 
 
@@ -65,9 +68,27 @@ def load_config(path: str | Path, overrides: Overrides = None) -> ExperimentConf
     """
     from structnmt.model.methods import validate_method_configs
 
-    cfg = _read_config(path, _overrides(overrides))
+    cfg = _read_config(_path(path, "path"), _overrides(overrides))  # type: ignore[arg-type]
     validate_method_configs(cfg.model, cfg.path)
     return cfg
+
+
+def _path(value: Any, argument: str, optional: bool = False) -> Path | None:
+    """``value`` as a path, or a :class:`ConfigError` naming the argument (not a ``TypeError`` from deep inside)."""
+    if value is None and optional:
+        return None
+    if isinstance(value, (str, Path)) and str(value):
+        return Path(value)
+    raise ConfigError(f"expected a path (str or pathlib.Path), got {value!r}", argument)
+
+
+def _paths(values: Any, argument: str) -> list[Path]:
+    """A list of paths; one string is one path, not a sequence of characters."""
+    if isinstance(values, (str, Path)):
+        values = [values]
+    if not isinstance(values, Sequence):
+        raise ConfigError(f"expected a list of paths, got {values!r}", argument)
+    return [_path(value, f"{argument}[{i}]") for i, value in enumerate(values)]  # type: ignore[misc]
 
 
 def _config(config: ConfigLike, overrides: Overrides = None) -> ExperimentConfig:
@@ -75,7 +96,7 @@ def _config(config: ConfigLike, overrides: Overrides = None) -> ExperimentConfig
     if isinstance(config, (str, Path)):
         return load_config(config, overrides)
     if not isinstance(config, ExperimentConfig):
-        raise TypeError(f"expected a config path or an ExperimentConfig, got {type(config).__name__}")
+        raise ConfigError(f"expected a config path or an ExperimentConfig, got {config!r}", "config")
     from structnmt.model.methods import validate_method_configs
 
     cfg = with_overrides(config, _overrides(overrides))
@@ -164,9 +185,10 @@ def average(checkpoints: Sequence[str | Path], out: str | Path) -> Path:
     """Average the weights of several checkpoints of one run into ``out`` (a model that ``load`` reads)."""
     from structnmt.training.checkpoint import write_averaged_checkpoint
 
-    if not checkpoints:
+    paths = _paths(checkpoints, "checkpoints")
+    if not paths:
         raise ConfigError("no checkpoint to average", "checkpoints")
-    return write_averaged_checkpoint(list(checkpoints), out)
+    return write_averaged_checkpoint(paths, _path(out, "out"))  # type: ignore[arg-type]
 
 
 def demo(work: str | Path = "demo", minutes: float = 3.0, train_size: int = 20000, seed: int = 1,
@@ -199,7 +221,10 @@ def load(checkpoint: str | Path, device: str | torch.device | None = None,
     """
     from structnmt.decoding.translator import load_translator
 
-    return load_translator(checkpoint, device, dataset)
+    if device is not None and not isinstance(device, str) and type(device).__name__ != "device":
+        raise ConfigError(f"expected a device name such as 'cpu' or 'cuda:0', got {device!r}", "device")
+    return load_translator(_path(checkpoint, "checkpoint"), device,  # type: ignore[arg-type]
+                           _path(dataset, "dataset", optional=True))
 
 
 def test(run: str | Path, checkpoint: str | Path | None = None, splits: Sequence[str] | None = None,
@@ -214,7 +239,10 @@ def test(run: str | Path, checkpoint: str | Path | None = None, splits: Sequence
     """
     from structnmt.evaluation.run_eval import evaluate_run
 
-    return evaluate_run(Path(run), checkpoint, list(splits) if splits else None, device, beam,
+    if isinstance(splits, str):
+        splits = [splits]
+    return evaluate_run(_path(run, "run"), _path(checkpoint, "checkpoint", optional=True),  # type: ignore[arg-type]
+                        list(splits) if splits else None, device, beam,
                         quiet=not verbose, long_dependency=long_dependency)
 
 

@@ -14,6 +14,42 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
+from structnmt.errors import StructNMTError
+
+
+class OutputError(StructNMTError):
+    """An output path that cannot be written (a directory, under a file, no permission, a full disk)."""
+
+
+def check_output_path(path: str | Path, argument: str) -> Path:
+    """Refuse, before any work, an output file that could not be written; returns it as a Path.
+
+    Tries what :func:`atomic_open` will do: a temporary file in the (nearest existing) directory
+    that is to hold it. A full disk can only be found out when writing (:func:`output_error`).
+    """
+    path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{argument}: {path} is a directory; give a file name")
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise OutputError(f"{argument}: {path}: {folder} is a file, not a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as err:
+        raise OutputError(f"{argument}: {path}: cannot write into {folder} ({err.strerror or err})") from None
+    if folder == path.parent and path.exists() and not path.is_file():
+        raise OutputError(f"{argument}: {path} is not a regular file; give a file name")
+    return path
+
+
+def output_error(path: str | Path, err: OSError) -> OutputError:
+    """An OS error met while writing ``path`` as one line naming the path and the reason."""
+    return OutputError(f"{path}: cannot write the file ({err.strerror or err}); nothing was written there")
+
 
 @contextlib.contextmanager
 def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8") -> Iterator[IO]:

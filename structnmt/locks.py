@@ -9,7 +9,8 @@ The lock is ``fcntl.flock`` on a file *beside* the directory (``.NAME.lock``): `
 replaces its directory whole, so a lock inside it would be swapped away. The kernel drops
 the lock when its holder dies, however it dies; the holder's PID, host and start time are
 written into the file so that a refusal names who holds it, and so that a lock file still
-holding a record when it is taken tells us its last holder died without cleaning up.
+holding a record when it is taken tells us its last holder died without cleaning up. A
+holder that finishes, or fails, removes the file: nothing is left beside the directory.
 """
 
 from __future__ import annotations
@@ -48,8 +49,12 @@ class DirectoryLock:
         self._fd: int | None = None
 
     def acquire(self) -> DirectoryLock:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as err:  # an unwritable directory, or a file where a directory should be
+            raise StructNMTError(f"{self.directory}: cannot create its lock file {self.path} "
+                                 f"({err.strerror or err}); choose a directory you can write to") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -58,6 +63,9 @@ class DirectoryLock:
             raise LockedError(
                 f"{self.directory} is in use by another process ({_describe(holder)}); "
                 "wait for it to finish or choose another directory") from None
+        if not _is_at(fd, self.path):  # its holder removed it on release after we opened it: take the new one
+            os.close(fd)
+            return self.acquire()
         previous = _read_holder(fd)
         if previous:
             self.messages(f"{self.directory}: taking over the lock left by {_describe(previous)}, "
@@ -72,9 +80,12 @@ class DirectoryLock:
     def release(self) -> None:
         if self._fd is None:
             return
-        # emptied, not deleted: a process waiting on the old inode would otherwise lock a file
-        # nobody else can see
+        # removed while still held, so that nothing is left beside the directory; a process that
+        # opened this inode before then finds, once it holds it, that it is no longer at the path
+        # (``_is_at``) and takes the path's new file instead
         os.ftruncate(self._fd, 0)
+        if _is_at(self._fd, self.path):
+            self.path.unlink()
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
@@ -106,6 +117,16 @@ def holder(directory: str | Path) -> dict | None:
         return None
     finally:
         os.close(fd)
+
+
+def _is_at(fd: int, path: Path) -> bool:
+    """Whether the open file ``fd`` is the file now at ``path`` (same device and inode)."""
+    try:
+        here = os.stat(path)
+    except FileNotFoundError:
+        return False
+    mine = os.fstat(fd)
+    return (mine.st_dev, mine.st_ino) == (here.st_dev, here.st_ino)
 
 
 def _read_holder(fd: int) -> dict | None:

@@ -80,11 +80,13 @@ def _read_input(path: str | None) -> list[str]:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from structnmt.io import atomic_open, same_file
+    from structnmt.io import atomic_open, check_output_path, output_error, same_file
 
     if args.output and args.input not in (None, "-") and same_file(args.input, args.output):
         raise ConfigError(f"{args.output} is the input file: translating would replace it; "
                           "choose another output", "--output")
+    if args.output:
+        check_output_path(args.output, "--output")  # before the model is loaded, not after the work
     translator = api.load(args.checkpoint, args.device, args.dataset)
     lines = _read_input(args.input)
     settings = {"beam": args.beam, "length_penalty": args.length_penalty, "max_len_a": args.max_len_a,
@@ -98,8 +100,11 @@ def cmd_translate(args: argparse.Namespace) -> int:
         text = "".join(f"{hyp}\n" for hyp in translator.translate(lines, source=source, **settings))
     seconds = time.perf_counter() - started
     if args.output:
-        with atomic_open(args.output) as handle:
-            handle.write(text)
+        try:
+            with atomic_open(args.output) as handle:
+                handle.write(text)
+        except OSError as err:  # a full disk, or a path that changed while translating
+            raise output_error(args.output, err) from None
     else:
         sys.stdout.write(text)
     print(f"translated {len(lines)} sentences in {seconds:.1f}s ({len(lines) / max(seconds, 1e-9):.1f} sent/s)",
@@ -188,7 +193,22 @@ def cmd_study(args: argparse.Namespace) -> int:
         return 0
     result = api.run_study(args.study, jobs=args.jobs, executor=args.executor, only=args.only)
     print(format_status(api.study_status(args.study)))
-    return 0 if all(s == "done" for s in result["runs"].values()) else 1
+    left = {run: status for run, status in result["runs"].items() if status != "done"}
+    if left:  # exit 1 says that much; the line says which runs and what to do
+        shown = ", ".join(f"{run} ({status}: {STUDY_STATUS_HINTS.get(status, 'see --status')})"
+                          for run, status in list(left.items())[:5])
+        more = f" and {len(left) - 5} more" if len(left) > 5 else ""
+        print(f"study: {len(left)} of {len(result['runs'])} runs did not finish here: {shown}{more}; "
+              f"`structnmt study {args.study} --status` shows where each stands", file=sys.stderr)
+    return 0 if not left else 1
+
+
+#: what a study run that did not end "done" means for the user
+STUDY_STATUS_HINTS = {
+    "busy": "another process is running it; its record appears when that one ends",
+    "failed": "its error is in the status table",
+    "interrupted": "the same command resumes it",
+}
 
 
 def cmd_methods(args: argparse.Namespace) -> int:
@@ -383,6 +403,10 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as err:  # the last net: a file the system would not read or write, in one line
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror or err}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -300,6 +300,22 @@ class DatasetWriter:
             self.close()
 
 
+def read_meta(directory: str | Path) -> dict:
+    """A dataset's ``meta.json``, or a :class:`DataError` naming it when it is damaged."""
+    meta_file = Path(directory) / "meta.json"
+    try:
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError("no meta.json: not a prepared dataset (run `structnmt prepare`)", directory) from None
+    except (OSError, ValueError) as err:
+        raise DataError(f"cannot read the dataset description ({err}); the dataset is damaged: "
+                        "rebuild it with `structnmt prepare CONFIG --force`", meta_file) from None
+    if not isinstance(meta, dict):
+        raise DataError("not a dataset description (not a JSON object); the dataset is damaged: "
+                        "rebuild it with `structnmt prepare CONFIG --force`", meta_file)
+    return meta
+
+
 class ParallelDataset:
     """One split of a prepared dataset; every array is memory-mapped unless ``mmap=False``."""
 
@@ -330,8 +346,29 @@ class ParallelDataset:
                 if len(offsets) != len(self.src_lengths) + 1:
                     raise DataError(f"{side}.{name} has {len(offsets) - 1} sentences, src.ids "
                                     f"{len(self.src_lengths)}", self.path)
-        meta_file = self.dir / "meta.json"
-        self.meta: dict = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.exists() else {}
+        self.meta: dict = read_meta(self.dir) if (self.dir / "meta.json").exists() else {}
+        self._check_ids()
+
+    def _check_ids(self) -> None:
+        """Every token id inside its side's vocabulary: a damaged file is named when the dataset
+        opens, not met as an ``IndexError`` in the middle of training. One pass of max and min
+        over each mapped array."""
+        for side in SIDES:
+            size = ((self.meta.get("subwords") or {}).get(side) or {}).get("vocab_size")
+            if not isinstance(size, int) or "ids" not in self.arrays.get(side, {}):
+                continue
+            data, offsets = self.arrays[side]["ids"]
+            if not len(data):
+                continue
+            low, high = int(data.min()), int(data.max())
+            if low >= 0 and high < size:
+                continue
+            bad = low if low < 0 else high
+            position = int(np.flatnonzero(np.asarray(data) == bad)[0])
+            sentence = int(np.searchsorted(np.asarray(offsets), position, side="right"))
+            raise DataError(f"token id {bad} (sentence {sentence}) is outside the vocabulary of {size} pieces: "
+                            "the file is damaged; rebuild the dataset with `structnmt prepare CONFIG --force`",
+                            self.path / f"{side}.ids.data.npy")
 
     def __len__(self) -> int:
         return len(self.src_lengths)

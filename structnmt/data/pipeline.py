@@ -16,7 +16,6 @@ structures are kept: that baseline is a plain Transformer.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from structnmt.config import DataConfig, SideConfig, from_dict
@@ -94,13 +93,9 @@ class Preprocessor:
     def from_dataset(cls, dir: str | Path) -> Preprocessor:
         """Rebuild the preprocessing of a prepared dataset from its ``meta.json``."""
         dir = Path(dir)
-        meta_file = dir / "meta.json"
-        if not meta_file.is_file():
-            raise DataError("no meta.json: not a prepared dataset (run `structnmt prepare`)", dir)
-        try:
-            meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        except ValueError as err:
-            raise DataError(f"cannot read meta.json: {err}", meta_file) from None
+        from structnmt.data.dataset import read_meta
+
+        meta = read_meta(dir)
         data = from_dict(DataConfig, meta["data"], "data")
         models: dict[str, SubwordModel] = {}
         for side in SIDES:
@@ -255,17 +250,18 @@ class Preprocessor:
             out.append(tree)
         return out
 
-    def encode_sources(self, lines: list[str], with_structure: bool,
-                       split: str = "translate") -> list[Example]:
-        """Source-only examples for translation; parsed only when a method needs the structure."""
+    def encode_sources(self, lines: list[str], with_structure: bool, split: str = "translate",
+                       numbers: list[int] | None = None) -> list[Example]:
+        """Source-only examples for translation; parsed only when a method needs the structure.
+        ``numbers``: the 1-based input line of each (default 1, 2, ...), for messages."""
         texts = [self.tokenise("src", s) for s in lines]
-        numbers = list(range(1, len(lines) + 1))
+        numbers = numbers or list(range(1, len(lines) + 1))
         trees = self.parse("src", split, texts, numbers) if with_structure else None
         out = []
         for k, raw in enumerate(lines):
             text = texts[k] if self.task_tag is None else tag(texts[k], self.task_tag)
-            side = self._side("src", text, trees[k] if trees else None, split, k + 1, None)
-            out.append(Example(src=side, meta={"line": k + 1, "src_text": raw}))
+            side = self._side("src", text, trees[k] if trees else None, split, numbers[k], None)
+            out.append(Example(src=side, meta={"line": numbers[k], "src_text": raw}))
         return out
 
     def decode(self, ids) -> str:

@@ -35,6 +35,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from structnmt.config import DataConfig, ExperimentConfig, from_dict
+from structnmt.data.dataset import read_meta
 from structnmt.data.identity import StaleDatasetError, check_unchanged
 from structnmt.data.pipeline import SIDES
 from structnmt.data.stream import assemble, encode_shard, make_plan, task_tag
@@ -192,7 +193,7 @@ def _keep_existing(out: Path, data: DataConfig, force: bool, verbose: bool) -> b
         raise ConfigError(f"{out} exists and is not a structnmt dataset; choose another directory", "data.dir")
     if not ours or force:
         return False
-    old = json.loads((out / "meta.json").read_text(encoding="utf-8"))
+    old = read_meta(out)
     if "inputs" not in old:
         # nothing to check it against, and its data section lacks fields training now compares
         raise StaleDatasetError(f"{out} was prepared by an older structnmt that recorded no input fingerprints; "

@@ -98,29 +98,36 @@ def translate_lines(model: Transformer, pre: Preprocessor, lines: list[str], cfg
     A line longer than the model's positions is translated from its longest prefix of whole
     words that fits, with a warning naming it (its 1-based number is appended to ``truncated``):
     dropping it would shift every later line, and refusing the whole input would waste the rest.
+    An empty (or blank) line gets an empty translation, whether or not the model reads source trees.
     """
     device = torch.device(device)
     fields = model.structure_needs(inference=True)
-    examples = pre.encode_sources(lines, with_structure=bool(fields["src"]))
+    full = [k for k, line in enumerate(lines) if line.strip()]  # indices of the lines to translate
+    if not full:
+        return [[""] for _ in lines]
+    examples = pre.encode_sources([lines[k] for k in full], with_structure=bool(fields["src"]),
+                                  numbers=[k + 1 for k in full])
     limit = model.cfg.max_positions - 1  # one position is the EOS
-    long = [k for k, ex in enumerate(examples) if len(ex.src.ids) > limit]
+    long = [j for j, ex in enumerate(examples) if len(ex.src.ids) > limit]
     if long:
-        short = pre.encode_sources([shorten_to_fit(pre, lines[k], limit) for k in long],
-                                   with_structure=bool(fields["src"]))
-        for k, ex in zip(long, short):
-            ex.meta["line"] = k + 1
-            examples[k] = ex
-        _warn_truncated(source, [k + 1 for k in long], limit)
+        short = pre.encode_sources([shorten_to_fit(pre, lines[full[j]], limit) for j in long],
+                                   with_structure=bool(fields["src"]), numbers=[full[j] + 1 for j in long])
+        for j, ex in zip(long, short):
+            examples[j] = ex
+        _warn_truncated(source, [full[j] + 1 for j in long], limit)
         if truncated is not None:
-            truncated.extend(k + 1 for k in long)
+            truncated.extend(full[j] + 1 for j in long)
     lengths = [len(ex.src.ids) for ex in examples]
 
     def batches() -> Iterator[tuple[np.ndarray, Batch]]:
         for idx in length_batches(lengths, cfg.max_tokens):
             yield idx, collate_examples([examples[i] for i in idx], fields, labels)
 
-    hyps = _search(model, batches(), len(lines), cfg, device)
-    return [[pre.decode(h.tokens) for h in sent] for sent in hyps]
+    hyps = _search(model, batches(), len(full), cfg, device)
+    out: list[list[str]] = [[""] for _ in lines]
+    for k, sent in zip(full, hyps):
+        out[k] = [pre.decode(h.tokens) for h in sent]
+    return out
 
 
 def translate_split(model: Transformer, dataset: ParallelDataset, pre: Preprocessor, cfg: DecodingConfig,

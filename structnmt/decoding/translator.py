@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -93,10 +94,12 @@ def _sentences(sentences: str | Sequence[str]) -> list[str]:
     """A list of sentences; one string is one sentence (not a sequence of characters)."""
     if isinstance(sentences, str):
         return [sentences]
+    if not isinstance(sentences, Sequence):
+        raise DataError(f"expected a str or a list of str, got {type(sentences).__name__}", "sentences")
     out = list(sentences)
     for number, sentence in enumerate(out, start=1):
         if not isinstance(sentence, str):
-            raise TypeError(f"sentence {number} is a {type(sentence).__name__}, not a str")
+            raise DataError(f"sentence {number} is a {type(sentence).__name__}, not a str", "sentences")
     return out
 
 
@@ -125,8 +128,11 @@ class Translator:
 
     def decoding(self, **changes: Any) -> DecodingConfig:
         """The checkpoint's decoding settings with ``changes`` (those not None) applied, checked."""
-        settings = dataclasses.replace(self.config.decoding,
-                                       **{k: v for k, v in changes.items() if v is not None})
+        from structnmt.config import convert
+
+        hints = typing.get_type_hints(DecodingConfig)
+        given = {k: convert(hints[k], v, k) for k, v in changes.items() if v is not None}  # beam="5" names beam
+        settings = dataclasses.replace(self.config.decoding, **given)
         settings.validate("decoding")
         return settings
 

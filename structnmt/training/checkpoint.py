@@ -55,6 +55,8 @@ def save_checkpoint(path: str | Path, state: dict[str, Any]) -> Path:
         "sha256": hashlib.sha256(payload).hexdigest(),
         "length": len(payload),
         "step": int(state.get("progress", {}).get("step", 0)),
+        # weights only (``average``): a model to translate with, not a point to resume training from
+        "kind": "training" if "optimizer" in state else "model",
     }
     blob = MAGIC + json.dumps(header).encode("ascii") + b"\n" + payload
     try:
@@ -127,14 +129,15 @@ def load_checkpoint(path: str | Path, map_location: str | torch.device = "cpu") 
     return state
 
 
-def newest_good_checkpoint(directory: str | Path,
-                           damaged: list[tuple[Path, str]] | None = None) -> Path | None:
+def newest_good_checkpoint(directory: str | Path, damaged: list[tuple[Path, str]] | None = None,
+                           resumable: bool = False) -> Path | None:
     """The verified checkpoint with the highest step in ``directory`` (``last.pt`` wins ties).
 
     Used by ``--resume``: when ``last.pt`` was damaged (a copy cut short, a bad disk) the run
     continues from the newest step checkpoint that still verifies instead of failing. Each
     checkpoint that does not verify is appended to ``damaged`` with the reason, so that the
-    caller can say why it fell back.
+    caller can say why it fell back. With ``resumable`` a checkpoint of weights only (``average
+    --out RUN/last.pt``) is passed over the same way: it has no optimiser state to resume.
     """
     directory = Path(directory)
     if not directory.is_dir():
@@ -146,6 +149,11 @@ def newest_good_checkpoint(directory: str | Path,
         except CheckpointError as err:
             if damaged is not None:
                 damaged.append((path, str(err)))
+            continue
+        if resumable and header.get("kind") == "model":
+            if damaged is not None:
+                damaged.append((path, f"{path}: holds model weights only (averaged or exported), no optimiser "
+                                      "state to resume"))
             continue
         preference = {"last.pt": 2, "best.pt": 0}.get(path.name, 1)
         found.append((int(header.get("step", 0)), preference, path))
@@ -166,12 +174,18 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, torch.Tensor]:
     total: dict[str, torch.Tensor] = {}
     reference: dict[str, torch.Tensor] = {}
     first = Path(paths[0])
+    first_state: dict[str, Any] = {}
     for i, path in enumerate(paths):
-        model = load_checkpoint(path)["model"]
+        state = load_checkpoint(path)
+        if not isinstance(state.get("model"), dict):
+            raise CheckpointError(f"{path}: not a model checkpoint (no model weights)")
+        model = state["model"]
         if i == 0:
+            first_state = state
             reference = model
             total = {k: v.double().clone() if v.is_floating_point() else v.clone() for k, v in model.items()}
             continue
+        _refuse_other_origin(Path(path), state, first, first_state)
         if set(model) != set(reference):
             diff = sorted(set(model) ^ set(reference))
             raise CheckpointError(
@@ -189,6 +203,30 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, torch.Tensor]:
                 total[name] = value.clone()
     n = len(paths)
     return {k: (v / n).to(reference[k].dtype) if v.is_floating_point() else v for k, v in total.items()}
+
+
+#: model fields that change training, not the weights' meaning: averaging across them is fine
+_MODEL_FIELDS_WITHOUT_EFFECT = ("model.dropout", "model.attention_dropout", "model.activation_dropout",
+                                "model.attention_kernel")
+
+
+def _refuse_other_origin(path: Path, state: dict[str, Any], first: Path, first_state: dict[str, Any]) -> None:
+    """Checkpoints of other vocabularies, datasets or model configs may have the same shapes, but
+    their mean means nothing (the same row stands for another piece): refuse, naming what differs."""
+    from structnmt.training.checks import DATA_FIELDS_WITHOUT_EFFECT, config_differences
+
+    mine, theirs = state.get("vocab") or {}, first_state.get("vocab") or {}
+    if mine.get("fingerprint") != theirs.get("fingerprint"):
+        raise CheckpointError(f"{path}: trained on another vocabulary than {first} (fingerprint "
+                              f"{str(mine.get('fingerprint'))[:12]}, not {str(theirs.get('fingerprint'))[:12]}); "
+                              "average checkpoints of one run")
+    config, first_config = state.get("config") or {}, first_state.get("config") or {}
+    for section, ignore in (("data", DATA_FIELDS_WITHOUT_EFFECT), ("model", _MODEL_FIELDS_WITHOUT_EFFECT)):
+        differ = config_differences(first_config.get(section) or {}, config.get(section) or {}, section, ignore)
+        if differ:
+            shown = "; ".join(f"{k}: {b!r} here, {a!r} in {first.name}" for k, a, b in differ[:3])
+            what = "dataset" if section == "data" else "model config"
+            raise CheckpointError(f"{path}: another {what} than {first} ({shown}); average checkpoints of one run")
 
 
 def write_averaged_checkpoint(paths: list[str | Path], out: str | Path) -> Path:

@@ -66,10 +66,10 @@ def resume_point(run_dir: Path, resume: bool) -> tuple[Path | None, str | None]:
     fallback: str | None = None
     if resume:
         damaged: list[tuple[Path, str]] = []
-        start = newest_good_checkpoint(run_dir, damaged)
+        start = newest_good_checkpoint(run_dir, damaged, resumable=True)
         if start is None and any(run_dir.glob("*.pt")):
             reasons = "; ".join(reason for _, reason in damaged[:3])
-            raise CheckpointError(f"{run_dir}: no checkpoint there verifies ({reasons}); cannot resume")
+            raise CheckpointError(f"{run_dir}: no checkpoint there can be resumed from ({reasons}); cannot resume")
         skipped = [(p, r) for p, r in damaged if p.name == "last.pt" or p.name.startswith("step_")]
         if start is not None and skipped:
             fallback = (f"not resuming from {', '.join(p.name for p, _ in skipped)}: "
