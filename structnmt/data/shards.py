@@ -3,7 +3,8 @@
 Both go through submitit: ``submitit.LocalExecutor`` starts one process per shard on this
 machine (``prepare --jobs N``), ``submitit.AutoExecutor(cluster="slurm")`` submits them as
 one job array (``prepare --jobs N --slurm``, with ``--slurm-set KEY=VALUE`` for submitit's
-parameters: ``slurm_partition=cpu``, ``timeout_min=720``, ``cpus_per_task=4``, ``mem_gb=8``).
+parameters: ``slurm_partition=cpu``, ``timeout_min=720``, ``cpus_per_task=4``, ``mem_gb=8``,
+``slurm_max_num_timeout=3``).
 Which shards to run, and what a shard does, is :mod:`structnmt.data.prepare`'s business; this
 module only runs them and gathers their failures into one error.
 """
@@ -17,6 +18,8 @@ from structnmt.errors import StructNMTError
 
 #: submitit's own default for local jobs is two minutes: far too short for a WMT shard
 DEFAULT_TIMEOUT_MIN = 24 * 60
+#: ``--slurm-set`` keys that submitit takes when the executor is made, not in ``update_parameters``
+CONSTRUCTOR_KEYS = ("slurm_max_num_timeout", "slurm_python")
 
 
 class ShardJobError(StructNMTError):
@@ -26,8 +29,10 @@ class ShardJobError(StructNMTError):
 def executor(folder: Path, slurm: bool, params: dict):
     import submitit
 
+    params = dict(params)
+    made_with = {key: params.pop(key) for key in CONSTRUCTOR_KEYS if key in params}
     if slurm:
-        ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        ex = submitit.AutoExecutor(folder=folder, cluster="slurm", **made_with)
     else:
         ex = submitit.LocalExecutor(folder=folder)
     ex.update_parameters(**{"timeout_min": DEFAULT_TIMEOUT_MIN, **params})

@@ -117,7 +117,9 @@ def run_submitit(study: Study, runs: list[tuple[str, int]], cluster: str | None,
 
         raise ConfigError("the slurm executor needs submitit (pip install submitit)", "executor.kind") from None
     s = study.slurm
-    executor = submitit.AutoExecutor(folder=str(study.work_dir / "submitit" / "%j"), cluster=cluster)
+    # how often submitit requeues a job on time-out or pre-emption: a constructor argument, not a parameter
+    executor = submitit.AutoExecutor(folder=str(study.work_dir / "submitit" / "%j"), cluster=cluster,
+                                     slurm_max_num_timeout=s.max_requeue)
     params = {"timeout_min": s.time_min, "gpus_per_node": s.gpus_per_run, "cpus_per_task": s.cpus_per_run,
               "name": f"structnmt-{study.name}"}
     if s.mem_gb:
@@ -125,7 +127,6 @@ def run_submitit(study: Study, runs: list[tuple[str, int]], cluster: str | None,
     if executor.cluster == "slurm":
         if s.partition:
             params["slurm_partition"] = s.partition
-        params["slurm_max_num_timeout"] = s.max_requeue
         if s.options:
             params["slurm_additional_parameters"] = dict(s.options)
     executor.update_parameters(**params)
