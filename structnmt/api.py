@@ -191,15 +191,17 @@ def average(checkpoints: Sequence[str | Path], out: str | Path) -> Path:
     return write_averaged_checkpoint(paths, _path(out, "out"))  # type: ignore[arg-type]
 
 
-def demo(work: str | Path = "demo", minutes: float = 3.0, train_size: int = 20000, seed: int = 1,
+def demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 20000, seed: int = 1,
          overrides: Overrides = None, verbose: bool = True, valid_size: int = 300,
-         test_size: int = 500) -> dict[str, Any]:
+         test_size: int = 500, steps: int | None = None) -> dict[str, Any]:
     """The whole pipeline on the built-in synthetic task (``structnmt demo``): the task written
     to ``WORK/data``, the dataset to ``WORK/dataset``, the run to ``WORK/run``; returns the test
-    scores with the ``run`` directory and the training ``summary``."""
-    from structnmt.demo import run_demo
+    scores with the ``run`` directory and the training ``summary``. Trains ``steps`` updates
+    (default :data:`structnmt.demo.DEMO_STEPS`), stopping early after ``minutes`` if that is > 0."""
+    from structnmt.demo import DEMO_STEPS, run_demo
 
-    return run_demo(work, minutes, train_size, seed, _overrides(overrides), verbose, valid_size, test_size)
+    return run_demo(work, minutes, train_size, seed, _overrides(overrides), verbose, valid_size, test_size,
+                    steps or DEMO_STEPS)
 
 
 # ---------------------------------------------------------------------------
