@@ -105,8 +105,8 @@ def failing(capsys: pytest.CaptureFixture, *argv: str) -> str:
 
 def assert_no_dataset(root: Path) -> None:
     assert not (root / "dataset").exists()
-    # no temporary directories (the emptied lock file .dataset.lock stays, as locks do)
-    assert not [p.name for p in root.iterdir() if p.name.startswith(".dataset") and p.name != ".dataset.lock"]
+    # no temporary directories, and no lock file: a prepare removes its .dataset.lock when it ends (issue 28)
+    assert not [p.name for p in root.iterdir() if p.name.startswith(".dataset")]
 
 
 @pytest.fixture(autouse=True)

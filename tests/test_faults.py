@@ -104,6 +104,29 @@ def test_alignment_watch_finds_the_line_where_pairs_start_to_slip() -> None:
     assert constant.finish() is None
 
 
+def test_real_parallel_text_passes_and_a_blank_line_in_it_is_found() -> None:
+    """Multi30k (../shared): every split of En-De and En-Fr passes; a blank line at 20,000 is found there."""
+    import gzip
+
+    from structnmt.data.corpus import AlignmentWatch
+    from tests.conftest import shared_path
+
+    def read(name: str) -> list[str]:
+        with gzip.open(shared_path("data", "multi30k", name), "rt", encoding="utf-8") as handle:
+            return handle.read().splitlines()
+
+    for split in ("train", "val", "test_2016_flickr", "test_2017_mscoco"):
+        src = read(f"{split}.en.gz")
+        for lang in ("de", "fr"):
+            tgt = read(f"{split}.{lang}.gz")
+            for shifted in (False, True) if split == "train" else (False,):
+                watch = AlignmentWatch()
+                for number, (s, t) in enumerate(zip(blank_at(src, 20000) if shifted else src, tgt), start=1):
+                    if watch.add(number, s, t):
+                        break
+                assert watch.finish() == ((20000, 1) if shifted else None), (split, lang, shifted)
+
+
 @pytest.mark.parametrize("line", [2800, 1500])
 def test_a_blank_source_line_is_refused_naming_where_alignment_breaks(
         line: int, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
