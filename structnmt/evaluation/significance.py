@@ -19,7 +19,8 @@ real test sets, where many sentences differ, exact ties are rare.
 
 What sacreBLEU does not have is here: the sign test across test sets, combining several
 training seeds of each system into one verdict (:func:`compare_seeds`), the seed-pooled
-bootstrap of Clark et al. (2011) (:func:`pooled_bootstrap`), and mean ± sd.
+bootstrap of Clark et al. (2011) (:func:`pooled_bootstrap`), the Almost Stochastic Order test
+across seeds of Dror et al. (2019) (:func:`aso_seeds`, with ``deepsig``), and mean ± sd.
 
 Conventions: the baseline comes first; ``delta = score(system) − score(baseline)``; "better"
 means a higher score, except for TER where lower is better.
@@ -28,6 +29,7 @@ means a higher score, except for TER where lower is better.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import statistics
@@ -313,3 +315,43 @@ def pooled_bootstrap(system_runs: Sequence[Sequence[str]], baseline_runs: Sequen
     return PooledResult(metric={"bleu": "BLEU", "chrf": "chrF2", "ter": "TER"}[metric], system_mean=sys_mean,
                         baseline_mean=base_mean, p_value=(beyond + 1) / (n_samples + 1), n_samples=n_samples,
                         seed=seed, seeds=(len(system_runs), len(baseline_runs)))
+
+
+#: what :func:`aso_seeds` asks, in words, for reports
+ASO_RULE = ("\"ASO ε\": the Almost Stochastic Order test (Dror et al. 2019, with `deepsig`: {n} bootstrap "
+            "iterations, seed {seed}, confidence {confidence}) on BLEU per seed, seeds taken as draws of a "
+            "training. It asks whether training one recipe gives better models than training the other: ε is "
+            "an upper bound on the share of the two score distributions (the area between their quantile "
+            "functions) where the first lies below the second. Given both ways, recipe over baseline / "
+            "baseline over recipe: ε < 0.5 on the left, the recipe's trainings almost stochastically dominate "
+            "the baseline's (0: everywhere above); on the right, the baseline's dominate; both ≥ 0.5, neither "
+            "order is shown. It needs two seeds a side, and with two or three the bound is loose.")
+
+
+@functools.lru_cache(maxsize=4096)
+def _aso(system: tuple[float, ...], baseline: tuple[float, ...], seed: int, n_bootstrap: int,
+         confidence: float) -> float:
+    import warnings
+
+    from deepsig import aso
+
+    with warnings.catch_warnings():  # equal scores on both sides: 0/0, which it warns about and returns as NaN
+        warnings.simplefilter("ignore", UserWarning)
+        return float(aso(list(system), list(baseline), confidence_level=confidence,
+                         num_bootstrap_iterations=n_bootstrap, num_jobs=1, show_progress=False, seed=seed))
+
+
+def aso_seeds(system_scores: Sequence[float], baseline_scores: Sequence[float], seed: int = 12345,
+              n_bootstrap: int = 1000, confidence: float = 0.95) -> tuple[float, float] | None:
+    """ε_min of the Almost Stochastic Order test (Dror et al. 2019, as ``deepsig.aso``) of a
+    system's scores over training seeds against the baseline's: is the system's distribution of
+    trained models (almost) stochastically larger? Unlike the bootstraps above, which resample
+    test sentences of fixed trainings, it compares the trainings; None with fewer than two
+    seeds on a side, where there is no distribution to compare. Both ways, (system over baseline,
+    baseline over system): a large ε one way does not show the other order, only a small one does.
+    The seed makes it repeatable."""
+    if len(system_scores) < 2 or len(baseline_scores) < 2:
+        return None
+    ours, theirs = tuple(float(s) for s in system_scores), tuple(float(b) for b in baseline_scores)
+    both = (_aso(ours, theirs, seed, n_bootstrap, confidence), _aso(theirs, ours, seed, n_bootstrap, confidence))
+    return None if any(math.isnan(e) for e in both) else both
