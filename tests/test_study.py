@@ -129,7 +129,7 @@ def test_status_forecasts_the_runs_left_from_the_finished_runs_median():
 
     done = [row("done", 600), row("done", 1800), row("done", 3600)]
     text = format_status(done + [row("pending"), row("running"), row("failed")])
-    assert text.splitlines()[-1] == ("3 run(s) not done; at the finished runs' median of 30 min each, "
+    assert text.splitlines()[-1] == ("3 run(s) not done (1 running); at the finished runs' median of 30 min each, "
                                      "about 1.5 h of runs at that pace (less for a run that resumes)")
     assert "not done" not in format_status(done)  # nothing left
     assert "not done" not in format_status([row("pending")])  # nothing to go by
@@ -248,16 +248,25 @@ def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_
     # the first detail row (it lists BLEU per seed), not the summary table's row above it
     (pascal_row,) = [line for line in partial.splitlines() if line.startswith("| pascal |") and "s1:" in line][:1]
     assert "so far (1 of 2 seeds)" in pascal_row and "1/1:" in pascal_row
-    # on a machine without the dataset (a fresh clone with the committed records) the scores stay
-    # and the tests say what is missing instead of guessing
+    # on a machine without the dataset (a fresh clone with the committed records) the references
+    # come from the corpus files the config names; without those either, the scores stay and the
+    # tests say what is missing instead of guessing (written elsewhere: the standing report keeps
+    # its tests; see test_a_fresh_clone_without_data_regenerates_the_report_byte_for_byte)
     data_dir = Path(load_study(path).run_config("pascal", 1).data.dir)
+    tgt = Path(load_study(path).run_config("pascal", 1).data.splits["test"].tgt)
     data_dir.rename(data_dir.with_name("moved_away"))
     try:
-        bare = write_report(load_study(path)).read_text()
+        (bare_row,) = [line for line in write_report(load_study(path)).read_text().splitlines()
+                       if line.startswith("| pascal |") and "s1:" in line][:1]
+        assert "1/1:" in bare_row and "not tested" not in bare_row
+        tgt.rename(tgt.with_name("moved_away.tgt"))
+        bare = write_report(load_study(path), out=tmp_path / "bare" / "report.md").read_text()
     finally:
         data_dir.with_name("moved_away").rename(data_dir)
+        if tgt.with_name("moved_away.tgt").exists():
+            tgt.with_name("moved_away.tgt").rename(tgt)
     (bare_row,) = [line for line in bare.splitlines() if line.startswith("| pascal |") and "s1:" in line][:1]
-    assert f"not tested: no references on this machine (prepare `{data_dir}` first)" in bare_row
+    assert f"not tested: no references on this machine (prepare `{data_dir}` first or put `{tgt}` there)" in bare_row
     assert "1/1:" not in bare_row and "s1: " in bare_row
 
     # the heads analysis scores the runs whose checkpoints are here and keeps the scores beside
@@ -357,6 +366,13 @@ def test_a_killed_study_resumes_its_run_to_the_same_result(recipes, tmp_path):
     steps = [json.loads(line)["step"] for line in (a.record_dir("vanilla", 1) / "log.jsonl").read_text().splitlines()
              if json.loads(line)["kind"] == "train"]
     assert len(steps) == len(set(steps))
+    # the record keeps each call that trained it (before: only the log showed the resume), and
+    # the report lists them
+    calls = ra["calls"]
+    assert [c["threads"] for c in calls] == [1, 1] and calls[0]["from_step"] == 0 and 0 < calls[1]["from_step"] < 150
+    assert [c["from_step"] for c in rb["calls"]] == [0]
+    text = write_report(a).read_text()
+    assert "| vanilla | 1 | 150 |" in text and f"| 1, 1 | {calls[1]['from_step']} |" in text
 
 
 @pytest.mark.slow
@@ -422,3 +438,162 @@ def test_a_provisional_verdict_counts_each_sides_seeds():
 
     assert _seeds_so_far((1, 2), (2, 2)) == "1 of 2 seeds"
     assert _seeds_so_far((2, 2), (2, 3)) == "2 of 2 seeds, baseline 2 of 3"
+
+
+# -- audit mends (issue 26) ---------------------------------------------------------------------
+
+
+def _record_file(study, recipe: str, seed: int) -> Path:
+    path = study.record_dir(recipe, seed) / "record.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def test_a_damaged_record_is_named_with_what_to_do_never_run_over(recipes, tmp_path):
+    # before: a truncated record read as "pending" (and was trained over), a list raised a traceback
+    path = _study_file(tmp_path, recipes, name="damaged", seeds=(1,))
+    study = load_study(path)
+    _record_file(study, "vanilla", 1).write_text('{"recipe": "vanilla", "scores": {"te')
+    _record_file(study, "pascal", 1).write_text('["not", "an", "object"]')
+    rows = {r["recipe"]: r for r in study_status(path)}
+    assert rows["vanilla"]["state"] == rows["pascal"]["state"] == "damaged"
+    assert "not valid JSON" in rows["vanilla"]["note"] and "a list, not an object" in rows["pascal"]["note"]
+    for row in rows.values():
+        assert "is damaged" in row["note"] and "restore it" in row["note"] and "delete" in row["note"]
+    assert "2 damaged" in format_status(list(rows.values()))
+    text = write_report(load_study(path)).read_text()
+    assert "## Damaged records" in text and "**pascal seed 1**" in text and "2 damaged" in text
+    # a study call leaves them alone: nothing is trained over a record someone can restore
+    assert run_study(path, report=False)["runs"] == {"vanilla/seed1": "damaged", "pascal/seed1": "damaged"}
+    assert _record_file(study, "pascal", 1).read_text() == '["not", "an", "object"]'
+
+
+def test_p_values_print_with_four_decimals(recipes, tmp_path):
+    # before: 0.04994 printed as 0.050, on the wrong side of the 0.05 it is read against
+    from structnmt.study.report import render
+
+    study = load_study(_study_file(tmp_path, recipes, name="pvals"))
+    table = {"test": {"vanilla": {"bleu": {1: 30.0, 2: 31.0}, "chrf": {1: 50.0, 2: 51.0}, "signature": {}},
+                      "pascal": {"bleu": {1: 31.0, 2: 32.0}, "chrf": {1: 51.0, 2: 52.0}, "signature": {},
+                                 "verdict": {"verdict": "no significant difference", "pooled_p": 0.04985,
+                                             "p": {"1/1": 0.04994, "2/2": 0.001}, "aso": (0.25, 1.0)}}}}
+    data = {"records": {}, "missing": [], "failed": [], "stale": []}
+    text = render(study, data, table, None, tmp_path / "report.md")
+    (row,) = [line for line in text.splitlines() if line.startswith("| pascal |") and "s1:" in line]
+    assert "1/1: 0.0499, 2/2: 0.0010" in row and "| 0.0498 |" in row and "| 0.25 / 1.00 |" in row
+    assert "Almost Stochastic Order" in text and "It asks whether" in text
+
+
+def test_status_time_left_honours_jobs_and_runs_in_progress():
+    # before: every run not done counted a whole median, running ones too, one at a time
+    def row(state: str, **more) -> dict:
+        return {"recipe": "r", "seed": 1, "state": state, "step": None, "bleu": None, "note": "", **more}
+
+    rows = [row("done", seconds=600), row("done", seconds=1800), row("done", seconds=3600),
+            row("running", seconds_left=600), row("pending"), row("pending"),
+            row("interrupted", share_left=0.5), row("damaged")]
+    one = format_status(rows).splitlines()[-1]
+    # 600 + 1800 + 1800 + 900 = 5100 s of runs; the damaged record is not a run to do
+    assert one.startswith("4 run(s) not done (1 running, 1 with its time left from its log)")
+    assert "about 1.4 h of runs at that pace" in one
+    two = format_status(rows, jobs=2).splitlines()[-1]
+    # places: [600 | 1800] -> [2400 | 1800] -> [2400 | 2700]: 0.75 h of wall time
+    assert "about 1.4 h of runs, 0.8 h with 2 at a time" in two
+    # without --jobs, the study file's executor.jobs (each row carries it)
+    assert format_status([{**r, "jobs": 2} for r in rows]).splitlines()[-1] == two
+
+
+def test_a_record_stands_when_only_fields_added_since_at_their_defaults_differ():
+    # a new config field, off by default, must not make every committed record stale
+    from structnmt.study.spec import added_at_default, field_default
+
+    assert field_default("data.clean.max_len") == 250 and field_default("model.d_model") == 256
+    old = {"data": {"clean": {"max_len": 80}}, "model": {"d_model": 256}}
+    assert added_at_default(old, {"data": {"clean": {"max_len": 80, "drop_bad_lines": False}},
+                                  "model": {"d_model": 256}})
+    assert not added_at_default(old, {"data": {"clean": {"max_len": 80, "drop_bad_lines": True}},
+                                      "model": {"d_model": 256}})
+    assert not added_at_default(old, {"data": {"clean": {"max_len": 81}}, "model": {"d_model": 256}})
+    assert not added_at_default(old, old)
+
+
+def test_aso_compares_trainings_both_ways():
+    from structnmt.evaluation.significance import aso_seeds
+
+    assert aso_seeds([33.0], [32.0, 32.5]) is None  # one seed is no distribution
+    better, worse = aso_seeds([34.0, 34.5, 34.2], [32.0, 32.4])
+    assert better == 0.0 and worse > 0.95
+    assert aso_seeds([34.0, 34.5, 34.2], [32.0, 32.4]) == (better, worse)  # seeded: repeatable
+
+
+@pytest.mark.slow
+def test_a_fresh_clone_without_data_regenerates_the_report_byte_for_byte(tmp_path):
+    # before: without the prepared dataset every verdict became "not tested" and --report wrote that
+    from structnmt.study.report import ReportError
+
+    recipes = _write_recipes(tmp_path)
+    path = _study_file(tmp_path, recipes, name="clone", records=str(tmp_path / "studies" / "clone"))
+    assert set(run_study(path)["runs"].values()) == {"done"}
+    study = load_study(path)
+    report = study.records / "report.md"
+    written = {name: (study.records / name).read_bytes() for name in ("report.md", "report.json")}
+    assert "not tested" not in written["report.md"].decode()
+
+    # records pin what a reader needs to redo the run
+    record = json.loads((study.record_dir("pascal", 1) / "record.json").read_text())
+    assert record["calls"] == [{**record["calls"][0], "from_step": 0, "threads": 1}]
+    assert set(record["versions"]) >= {"python", "numpy", "spacy", "sentencepiece", "torch"}
+    assert record["cpu_info"]["model"] and "isa" in record["cpu_info"] and record["git_commit"]
+    assert set(record["corpora"]) >= {"train.src", "test.tgt"} and set(record["references"]) == {"test"}
+    assert record["reads_trees"] and set(record["trees"]) >= {"src"}
+    assert "| pascal | 1 | 20 |" in written["report.md"].decode()
+    (runs_row,) = [line for line in written["report.md"].decode().splitlines() if line.startswith("| pascal | 1 |")]
+    assert runs_row.split(" | ")[7:9] == ["1", "-"]  # one call, one thread, never resumed
+
+    # a fresh clone: the records, no prepared dataset, the corpus files where the config names them
+    data_dir = Path(study.run_config("pascal", 1).data.dir)
+    data_dir.rename(data_dir.with_name("away"))
+    try:
+        write_report(load_study(path))
+        assert {name: (study.records / name).read_bytes() for name in written} == written
+        # records made before reference digests were kept: checked by rescoring, the same report
+        for recipe, seed in study.runs():
+            file = study.record_dir(recipe, seed) / "record.json"
+            old = json.loads(file.read_text())
+            del old["references"]
+            file.write_text(json.dumps(old, indent=2, ensure_ascii=False) + "\n")
+        write_report(load_study(path))
+        assert (study.records / "report.md").read_bytes() == written["report.md"]
+        # other references (one line changed) are not used: the verdict says why
+        tgt = Path(study.run_config("pascal", 1).data.splits["test"].tgt)
+        kept = tgt.read_bytes()
+        lines = kept.decode().splitlines(keepends=True)
+        tgt.write_text("".join(["changed\n"] + lines[1:]))
+        elsewhere = write_report(load_study(path), out=tmp_path / "other" / "report.md").read_text()
+        assert "not tested: the references at" in elsewhere and "are not the ones" in elsewhere
+        # no references at all: the standing report, which has its tests, is not replaced
+        tgt.unlink()
+        with pytest.raises(ReportError, match="keeps significance tests this machine cannot redo"):
+            write_report(load_study(path))
+        assert report.read_bytes() == written["report.md"]
+        tgt.write_bytes(kept)
+    finally:
+        data_dir.with_name("away").rename(data_dir)
+
+    # trees: a record whose trees are not today's is named in --status
+    file = study.record_dir("pascal", 2) / "record.json"
+    old = json.loads(file.read_text())
+    old["trees"]["src"] = "0" * 64
+    file.write_text(json.dumps(old))
+    rows = {(r["recipe"], r["seed"]): r for r in study_status(path)}
+    assert rows[("pascal", 2)]["state"] == "done" and "today's trees" in rows[("pascal", 2)]["note"]
+    assert "today's trees" not in rows[("pascal", 1)]["note"]
+
+    # another study with a run of the same training digest adopts its record instead of training
+    twin = _study_file(tmp_path, {"vanilla": recipes["vanilla"]}, name="twin", seeds=(1,),
+                       records=str(tmp_path / "studies" / "twin"), work_dir=str(tmp_path / "twin_runs"))
+    assert run_study(twin, report=False)["runs"] == {"vanilla/seed1": "done"}
+    assert not (tmp_path / "twin_runs").exists()  # nothing trained
+    adopted = json.loads((load_study(twin).record_dir("vanilla", 1) / "record.json").read_text())
+    assert adopted["study"] == "twin" and adopted["adopted_from"]["study"] == "clone"
+    assert adopted["scores"] == json.loads((study.record_dir("vanilla", 1) / "record.json").read_text())["scores"]

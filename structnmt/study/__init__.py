@@ -46,16 +46,21 @@ def _log_progress(run_dir: Path) -> tuple[int | None, float | None, float | None
 
 
 def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
-    """One row per run: state (done / stale / running / failed / interrupted / pending), step, BLEU."""
+    """One row per run: state (done / stale / running / failed / interrupted / pending / damaged), step,
+    BLEU, a note, and the study file's ``executor.jobs`` (for the forecast of :func:`format_status`)."""
     from structnmt.locks import holder
-    from structnmt.study.runs import STUDY_LOCK, read_failure, read_record, stale_reason
+    from structnmt.study.runs import STUDY_LOCK, read_failure, read_record, record_damage, stale_reason, trees_change
 
     study = study if isinstance(study, Study) else load_study(study)
     first_test = (study.test_sets or [None])[0]
     rows = []
     for recipe, seed in study.runs():
         row: dict[str, Any] = {"recipe": recipe, "seed": seed, "state": "pending", "step": None, "bleu": None,
-                               "note": ""}
+                               "note": "", "jobs": study.executor.jobs}
+        if (damage := record_damage(study, recipe, seed)) is not None:
+            row.update(state="damaged", note=damage)
+            rows.append(row)
+            continue
         record = read_record(study, recipe, seed)
         run_dir = study.run_dir(recipe, seed)
         if record is not None:
@@ -67,6 +72,8 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
                        seconds=(record.get("train_seconds") or 0) + (record.get("test_seconds") or 0))
             if reason is None:
                 row["state"] = "done"
+                if (change := trees_change(study, recipe, seed, record)) is not None:
+                    row["note"] += f"; {change}"
                 rows.append(row)
                 continue
             row.update(state="stale", note=f"{reason}: will rerun")
@@ -75,18 +82,23 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
             note = ["valid BLEU so far" if valid_bleu is not None else "no validation yet"]
             if per_update and step is not None and step < study.max_steps:
                 note.append(f"about {(study.max_steps - step) * per_update / 60:.0f} min of training left")
+                row["seconds_left"] = (study.max_steps - step) * per_update
             row.update(state="running", step=step, bleu=valid_bleu, note="; ".join(note))
         elif (failure := read_failure(study, recipe, seed)) is not None and row["state"] != "stale":
             tail = failure.get("log_tail") or []
             row.update(state="failed", step=step, note=failure.get("error", "")[:200],
                        log_tail=tail[-5:])
         elif row["state"] == "pending" and step:
-            row.update(state="interrupted", step=step, bleu=valid_bleu, note="resumes from its last checkpoint")
+            row.update(state="interrupted", step=step, bleu=valid_bleu, note="resumes from its last checkpoint",
+                       share_left=max(0.0, 1 - step / study.max_steps))
         rows.append(row)
     return rows
 
 
-def format_status(rows: list[dict[str, Any]]) -> str:
+def format_status(rows: list[dict[str, Any]], jobs: int | None = None) -> str:
+    """The status table; its last line forecasts the time left with ``jobs`` runs at once
+    (``--jobs``; default: the study file's ``executor.jobs``, which each row carries)."""
+    jobs = jobs or next((r["jobs"] for r in rows if r.get("jobs")), 1)
     lines = [f"{'recipe':<24} {'seed':>4}  {'state':<11} {'step':>6} {'BLEU':>6}  note"]
     for r in rows:
         bleu = f"{r['bleu']:.2f}" if isinstance(r["bleu"], float) else "-"
@@ -98,20 +110,33 @@ def format_status(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
     lines.append(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
-    if left := _time_left(rows):
+    if left := _time_left(rows, jobs):
         lines.append(left)
     return "\n".join(lines)
 
 
-def _time_left(rows: list[dict[str, Any]]) -> str:
-    """A rough forecast for planning sessions: the runs not done, each at the finished runs' median time."""
+def _time_left(rows: list[dict[str, Any]], jobs: int = 1) -> str:
+    """A rough forecast for planning: each run not done at the finished runs' median time (a
+    running run: the training its log's clock says is left; an interrupted one: the share of its
+    updates still to do), and the wall-clock time with ``jobs`` runs at once."""
     took = sorted(r["seconds"] for r in rows if r["state"] == "done" and r.get("seconds"))
-    left = sum(r["state"] != "done" for r in rows)
-    if not took or not left:
+    todo = [r for r in rows if r["state"] not in ("done", "damaged")]
+    if not took or not todo:
         return ""
     median = took[len(took) // 2] if len(took) % 2 else (took[len(took) // 2 - 1] + took[len(took) // 2]) / 2
-    return (f"{left} run(s) not done; at the finished runs' median of {median / 60:.0f} min each, "
-            f"about {left * median / 3600:.1f} h of runs at that pace (less for a run that resumes)")
+    running = [r for r in todo if r["state"] == "running"]
+    each = [r["seconds_left"] if r.get("seconds_left") is not None else median * r.get("share_left", 1.0)
+            for r in running + [r for r in todo if r["state"] != "running"]]
+    # ``jobs`` places: the running runs hold theirs; each run after goes where a place frees first
+    places = [0.0] * max(1, jobs)
+    for seconds in each:
+        places[places.index(min(places))] += seconds
+    wall = f", {max(places) / 3600:.1f} h with {jobs} at a time" if jobs > 1 else ""
+    from_logs = sum(r.get("seconds_left") is not None for r in running)
+    busy = f" ({len(running)} running" + (f", {from_logs} with its time left from its log" if from_logs else "") + \
+        ")" if running else ""
+    return (f"{len(todo)} run(s) not done{busy}; at the finished runs' median of {median / 60:.0f} min each, "
+            f"about {sum(each) / 3600:.1f} h of runs{wall} at that pace (less for a run that resumes)")
 
 
 def _say(text: str) -> None:
@@ -155,9 +180,11 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
     """
     from structnmt.errors import ConfigError
     from structnmt.study.executors import run_local, run_submitit
-    from structnmt.study.runs import read_record, stale_reason, write_failure
+    from structnmt.study.runs import adopt, adoptable, read_record, record_damage, stale_reason, write_failure
 
     study = load_study(path)
+    results: dict[str, str] = {}
+    adopted = 0
     kind = executor or study.executor.kind
     jobs = jobs or study.executor.jobs
     if jobs < 1:
@@ -170,14 +197,23 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
     for recipe, seed in study.runs():
         if only and recipe not in only:
             continue
+        if (damage := record_damage(study, recipe, seed)) is not None:  # never trained over: named
+            _say(f"{recipe} seed {seed}: {damage}")
+            results[f"{recipe}/seed{seed}"] = "damaged"
+            continue
         record = read_record(study, recipe, seed)
         if record is not None:
             reason = stale_reason(study, recipe, seed, record)
             if reason is None:
                 continue
             _say(f"{recipe} seed {seed}: {reason}; running it again")
+        if (source := adoptable(study, recipe, seed)) is not None:
+            adopt(study, recipe, seed, source)
+            _say(f"{recipe} seed {seed}: adopted {source} (the same training digest and test view)")
+            results[f"{recipe}/seed{seed}"] = "done"
+            adopted += 1
+            continue
         todo.append((recipe, seed))
-    results: dict[str, str] = {}
     if todo:
         bad = prepare_datasets(study, todo)
         runnable = []
@@ -205,7 +241,7 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
         _say("every run is recorded and current")
     report_path = None
     standing = study.records / "report.md"
-    if report and not todo and standing.is_file():
+    if report and not todo and not adopted and standing.is_file():
         # nothing changed: keep the report (one written where the references were is not
         # replaced by one from a fresh clone that cannot test significance); --report rewrites
         _say(f"the report stands: {standing} (--report writes it again)")

@@ -1,8 +1,11 @@
 """The study report: Markdown tables from the records, significance against the baseline, one picture.
 
 Everything is computed from the records (committed text files) and, for significance, the
-references of the dataset on this machine; a report written where the dataset is absent
-still has every score, and says that it could not test significance.
+test sets' references: the prepared dataset's, or where it is absent (a fresh clone) the
+corpus file the study's config names (``data.splits.<set>.tgt``), used only once shown to be
+the references the run was tested on (the digest its record keeps; for records made before
+digests were kept, its recorded BLEU rescored exactly). A report that cannot test
+significance still has every score and says why, and never replaces one that could.
 """
 
 from __future__ import annotations
@@ -16,8 +19,15 @@ from typing import Any
 from structnmt.errors import StructNMTError
 from structnmt.evaluation.significance import mean_sd
 from structnmt.io import atomic_write_text
-from structnmt.study.runs import read_failure, read_record, stale_reason
+from structnmt.study.provenance import known_calls, lines_digest
+from structnmt.study.runs import read_failure, read_record, record_damage, stale_reason
 from structnmt.study.spec import Study
+
+NOT_TESTED = "not tested"
+
+
+class ReportError(StructNMTError):
+    """A report that would lose what the standing one has."""
 
 
 def _mean_sd(values: list[float], digits: int = 2) -> str:
@@ -35,18 +45,51 @@ def _seeds_so_far(have: tuple[int, int], want: tuple[int, int]) -> str:
     return f"{have[0]} of {want[0]} seeds, baseline {have[1]} of {want[1]}"
 
 
-def run_references(study: Study, recipe: str, seed: int, test: str, scores: dict[str, Any]) -> list[str] | None:
-    """The test set's references from the run's dataset (a long-dependency subset: its lines)."""
+def split_references(study: Study, recipe: str, seed: int, split: str) -> tuple[list[str] | None, str]:
+    """A split's references and where they came from: the run's prepared dataset, else the
+    corpus file its config names (``data.splits.<split>.tgt``); (None, what to do) when neither
+    is on this machine."""
+    from structnmt.data.corpus import read_lines
     from structnmt.data.dataset import ParallelDataset
 
     cfg = study.run_config(recipe, seed)
+    if (Path(cfg.data.dir) / split / "raw.tgt.txt").is_file():
+        return ParallelDataset(cfg.data.dir, split).raw("tgt"), f"{cfg.data.dir}/{split}"
+    files = cfg.data.splits.get(split)
+    if files is not None and files.tgt and Path(files.tgt).is_file():
+        return read_lines(files.tgt), files.tgt
+    where = f" or put `{files.tgt}` there" if files is not None and files.tgt else ""
+    return None, f"no references on this machine (prepare `{cfg.data.dir}` first{where})"
+
+
+def _subset(refs: list[str], scores: dict[str, Any]) -> list[str]:
+    return [refs[n - 1] for n in scores["lines"]] if "lines" in scores else refs
+
+
+def run_references(study: Study, recipe: str, seed: int, test: str, scores: dict[str, Any]) -> list[str] | None:
+    """The test set's references (a long-dependency subset: its lines), unchecked; see
+    :func:`references_mismatch` for the check against a record."""
+    refs, _ = split_references(study, recipe, seed, scores.get("subset_of", test))
+    return None if refs is None else _subset(refs, scores)
+
+
+def references_mismatch(record: dict[str, Any], test: str, refs: list[str], hyps: list[str]) -> str | None:
+    """Why ``refs`` (the whole split) are not the references ``record`` was tested on, or None.
+
+    Records keep each split's digest; older ones are checked by rescoring their hypotheses, which
+    must give the recorded BLEU exactly (other references would not, short of a miracle)."""
+    from structnmt.evaluation.scores import corpus_scores
+
+    scores = record["scores"][test]
     split = scores.get("subset_of", test)
-    if not (Path(cfg.data.dir) / split).is_dir():
-        return None
-    refs = ParallelDataset(cfg.data.dir, split).raw("tgt")
-    if "lines" in scores:
-        refs = [refs[n - 1] for n in scores["lines"]]
-    return refs
+    digest = (record.get("references") or {}).get(split)
+    if digest is not None:
+        return None if lines_digest(refs) == digest else f"their digest is not the one {split} was tested with"
+    subset = _subset(refs, scores)
+    if len(subset) != len(hyps):
+        return f"{len(subset)} references for {len(hyps)} hypotheses"
+    bleu = corpus_scores(hyps, [subset], metrics=("bleu",))["bleu"]
+    return None if abs(bleu - scores["bleu"]) < 1e-9 else f"they give BLEU {bleu:.2f}, the record {scores['bleu']:.2f}"
 
 
 def run_hypotheses(study: Study, recipe: str, seed: int, test: str) -> list[str]:
@@ -58,8 +101,11 @@ def run_hypotheses(study: Study, recipe: str, seed: int, test: str) -> list[str]
 def collect(study: Study) -> dict[str, Any]:
     """Current records by recipe and seed, and what is missing or failed."""
     records: dict[str, dict[int, dict]] = {}
-    missing, failed, stale = [], [], []
+    missing, failed, stale, damaged = [], [], [], []
     for recipe, seed in study.runs():
+        if (damage := record_damage(study, recipe, seed)) is not None:
+            damaged.append((recipe, seed, damage))
+            continue
         record = read_record(study, recipe, seed)
         if record is not None and (reason := stale_reason(study, recipe, seed, record)) is not None:
             stale.append((recipe, seed, reason))
@@ -72,13 +118,13 @@ def collect(study: Study) -> dict[str, Any]:
                 missing.append((recipe, seed))
             continue
         records.setdefault(recipe, {})[seed] = record
-    return {"records": records, "missing": missing, "failed": failed, "stale": stale}
+    return {"records": records, "missing": missing, "failed": failed, "stale": stale, "damaged": damaged}
 
 
 def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
     """For each test set and recipe: scores per seed, mean ± sd, and the verdict against the baseline."""
     from structnmt.evaluation.scores import length_ratio
-    from structnmt.evaluation.significance import compare_seeds, pooled_bootstrap
+    from structnmt.evaluation.significance import aso_seeds, compare_seeds, pooled_bootstrap
 
     records = data["records"]
     tests: list[str] = []
@@ -87,13 +133,38 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
             tests += [t for t in record["scores"] if t not in tests]
     base = records.get(study.baseline, {})
     out: dict[str, dict[str, dict[str, Any]]] = {}
-    cache: dict[tuple[str, str, str], list[str] | None] = {}
+    cache: dict[tuple[str, str], tuple[list[str] | None, str]] = {}
+    checked: dict[tuple[str, int, str], str | None] = {}
+
+    def whole_split(recipe: str, seed: int, split: str) -> tuple[list[str] | None, str]:
+        key = (str(study.run_config(recipe, seed).data.dir), split)
+        if key not in cache:
+            cache[key] = split_references(study, recipe, seed, split)
+        return cache[key]
 
     def references(recipe: str, seed: int, test: str, scores: dict[str, Any]) -> list[str] | None:
-        key = (str(study.run_config(recipe, seed).data.dir), test, json.dumps(scores.get("lines")))
-        if key not in cache:
-            cache[key] = run_references(study, recipe, seed, test, scores)
-        return cache[key]
+        refs, _ = whole_split(recipe, seed, scores.get("subset_of", test))
+        return None if refs is None else _subset(refs, scores)
+
+    def untestable(runs: list[tuple[str, int]], test: str) -> str | None:
+        """Why these runs cannot be tested on ``test`` here (no references, or other ones), or None."""
+        for recipe, seed in runs:
+            if (recipe, seed, test) not in checked:
+                checked[(recipe, seed, test)] = check(recipe, seed, test)
+            if checked[(recipe, seed, test)]:
+                return checked[(recipe, seed, test)]
+        return None
+
+    def check(recipe: str, seed: int, test: str) -> str | None:
+        record = records[recipe][seed]
+        refs, where = whole_split(recipe, seed, record["scores"][test].get("subset_of", test))
+        if refs is None:
+            return where
+        in_dataset = where.startswith(f"{study.run_config(recipe, seed).data.dir}/")
+        if in_dataset and "references" not in record:  # the dataset the run read (its identity is checked)
+            return None
+        why = references_mismatch(record, test, refs, run_hypotheses(study, recipe, seed, test))
+        return why and f"the references at `{where}` are not the ones {recipe} seed {seed} was tested on ({why})"
 
     def ratio(recipe: str, seed: int, test: str, scores: dict[str, Any]) -> float | None:
         """From the record (runs tested since BLEU's parts are kept), else from hypotheses and references."""
@@ -125,8 +196,9 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
                 row["verdict"] = {"verdict": "not compared (the subset's sentences differ between runs)", "p": {}}
             elif recipe != study.baseline and base_seeds:
                 seeds = sorted(by_seed)
-                refs = references(recipe, seeds[0], test, by_seed[seeds[0]]["scores"][test])
-                if refs is not None:
+                why = untestable([(recipe, s) for s in seeds] + [(study.baseline, s) for s in base_seeds], test)
+                if why is None:
+                    refs = references(recipe, seeds[0], test, by_seed[seeds[0]]["scores"][test])
                     ours = [run_hypotheses(study, recipe, s, test) for s in seeds]
                     theirs = [run_hypotheses(study, study.baseline, s, test) for s in base_seeds]
                     result = compare_seeds(ours, theirs, [refs])
@@ -138,9 +210,11 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
                     pooled = pooled_bootstrap(ours, theirs, [refs])
                     row["verdict"] = {"verdict": verdict, "rule": result.rule, "pooled_p": pooled.p_value,
                                       "p": {f"{seeds[s]}/{base_seeds[b]}": r.p_value for s, b, r in result.pairs}}
-                else:  # records travel, references stay with the dataset (the project ships no corpus text)
-                    row["verdict"] = {"verdict": "not tested: no references on this machine (prepare "
-                                                 f"`{study.run_config(recipe, seeds[0]).data.dir}` first)", "p": {}}
+                else:  # records travel, references stay with the data (the project ships no corpus text)
+                    row["verdict"] = {"verdict": f"{NOT_TESTED}: {why}", "p": {}}
+                # across trainings, from the scores alone: needs no references
+                row.setdefault("verdict", {})["aso"] = aso_seeds(list(row["bleu"].values()),
+                                                                 [base[s]["scores"][test]["bleu"] for s in base_seeds])
             rows[recipe] = row
         out[test] = rows
     return out
@@ -232,8 +306,9 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
     all_records = [r for by_seed in records.values() for r in by_seed.values()]
     lines = [f"# Study `{study.name}`", ""]
     n_runs = len(study.runs())
+    damaged = f", {len(data['damaged'])} damaged" if data.get("damaged") else ""
     lines += [f"{len(all_records)} of {n_runs} runs recorded ({len(data['failed'])} failed, "
-              f"{len(data['missing'])} pending, {len(data['stale'])} stale). Every run trains exactly "
+              f"{len(data['missing'])} pending, {len(data['stale'])} stale{damaged}). Every run trains exactly "
               f"{study.max_steps} updates and is tested on its last checkpoint with beam search.", ""]
     lines += ["## Commands", "", "```sh",
               f"structnmt study {study.path}            # runs what is missing, then writes this report",
@@ -246,15 +321,20 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
     sigs = sorted({s for rows in table.values() for row in rows.values() for s in row["signature"].values()})
     if sigs:
         lines += ["sacreBLEU signatures: " + "; ".join(f"`{s}`" for s in sigs), ""]
-    from structnmt.evaluation.significance import SEED_RULE
+    from structnmt.evaluation.significance import ASO_RULE, SEED_RULE
 
     rule = next((row["verdict"]["rule"] for rows in table.values() for row in rows.values()
                  if "rule" in row.get("verdict", {})), SEED_RULE.format(alpha=0.05, n=1000, seed=12345))
     lines += ["## Scores", "", f"Verdicts against `{study.baseline}`: {rule} p per seed pair is given as "
-              "system seed/baseline seed: p. Beside it, \"p pooled\": one paired bootstrap of the mean over "
+              "system seed/baseline seed: p. It asks whether every training of the recipe translates this "
+              "test set better than every training of the baseline, sentences being the sample. Beside it, "
+              "\"p pooled\": one paired bootstrap of the mean over "
               "seeds (Clark et al. 2011, as MultEval; the same 1,000 resamples of the sentences score every "
               "seed of both recipes; two-sided). It asks whether the recipes differ on average, with more "
-              "power than asking every seed pair to agree; the verdict stays the rule above.", ""]
+              "power than asking every seed pair to agree; the verdict stays the rule above. Both resample "
+              "sentences of the trainings there are; neither asks how another training would do.", ""]
+    if any(row.get("verdict", {}).get("aso") for rows in table.values() for row in rows.values()):
+        lines += [ASO_RULE.format(n=1000, seed=12345, confidence=0.95) + " It needs no references.", ""]
     summary = summary_lines(study.baseline, table)
     if summary:
         lines += [summary_legend(study.baseline, table), "", *summary, "",
@@ -263,33 +343,43 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
                   "recipes whose ratios differ is partly a gap in output length.", ""]
     for test, rows in table.items():
         lines += [f"### {test}", "", "| recipe | BLEU (mean ± sd) | chrF (mean ± sd) | length ratio | BLEU per seed | "
-                  "Δ BLEU | verdict | p per seed pair | p pooled |", "|---|---:|---:|---:|---|---:|---|---|---:|"]
+                  "Δ BLEU | verdict | p per seed pair | p pooled | ASO ε |",
+                  "|---|---:|---:|---:|---|---:|---|---|---:|---|"]
         base_bleu = list(rows.get(study.baseline, {}).get("bleu", {}).values())
         for recipe, row in rows.items():
             bleu = list(row["bleu"].values())
             delta = f"{statistics.mean(bleu) - statistics.mean(base_bleu):+.2f}" if base_bleu and \
                 recipe != study.baseline else ""
             verdict = row.get("verdict") or {}
-            pvals = ", ".join(f"{pair}: {p:.3f}" for pair, p in (verdict.get("p") or {}).items())
+            pvals = ", ".join(f"{pair}: {p:.4f}" for pair, p in (verdict.get("p") or {}).items())
             label = verdict.get("verdict", "baseline" if recipe == study.baseline else "no baseline runs")
             per_seed = ", ".join(f"s{s}: {v:.2f}" for s, v in row["bleu"].items())
-            pooled = f"{verdict['pooled_p']:.3f}" if verdict.get("pooled_p") is not None else ""
+            pooled = f"{verdict['pooled_p']:.4f}" if verdict.get("pooled_p") is not None else ""
+            aso = " / ".join(f"{e:.2f}" for e in verdict["aso"]) if verdict.get("aso") else ""
             ratios = [r for r in row.get("ratio", {}).values() if r is not None]
             lines.append(f"| {recipe} | {_mean_sd(bleu)} | {_mean_sd(list(row['chrf'].values()))} | "
-                         f"{_mean_sd(ratios, 3)} | {per_seed} | {delta} | {label} | {pvals} | {pooled} |")
+                         f"{_mean_sd(ratios, 3)} | {per_seed} | {delta} | {label} | {pvals} | {pooled} | {aso} |")
         lines.append("")
     if picture is not None:
         rel = Path(picture).resolve().relative_to(out.parent.resolve()) if out.parent.resolve() in \
             Path(picture).resolve().parents else picture
         lines += [f"![BLEU per seed]({rel})", ""]
-    lines += ["## Runs", "", "| recipe | seed | updates | train min | test min | device | precision | finished |",
-              "|---|---:|---:|---:|---:|---|---|---|"]
+    lines += ["## Runs", "", "Threads: each call's that trained the run; resumed from: the step each later call "
+              "started from (records made before calls were kept: the steps from the training log, and the "
+              "last call's threads only, marked *).", "",
+              "| recipe | seed | updates | train min | test min | device | precision | threads | resumed from | "
+              "finished |", "|---|---:|---:|---:|---:|---|---|---|---|---|"]
     for recipe, by_seed in records.items():
         for seed, r in sorted(by_seed.items()):
+            threads, resumed = _calls_cells(r, study.record_dir(recipe, seed) / "log.jsonl")
             lines.append(f"| {recipe} | {seed} | {r['updates']} | {r['train_seconds'] / 60:.1f} | "
-                         f"{r['test_seconds'] / 60:.1f} | {r.get('device')} | {r.get('precision')} | "
-                         f"{r.get('finished', '')[:16]} |")
+                         f"{r['test_seconds'] / 60:.1f} | {r.get('device')} | {r.get('precision')} | {threads} | "
+                         f"{resumed} | {r.get('finished', '')[:16]} |")
     lines.append("")
+    if data.get("damaged"):
+        lines += ["## Damaged records", ""]
+        lines += [f"- **{recipe} seed {seed}**: {why}" for recipe, seed, why in data["damaged"]]
+        lines.append("")
     if data["failed"]:
         lines += ["## Failed runs", ""]
         for recipe, seed, failure in data["failed"]:
@@ -307,6 +397,32 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
     return "\n".join(lines)
 
 
+def _calls_cells(record: dict[str, Any], log: Path) -> tuple[str, str]:
+    """The Runs table's threads and resumed-from cells: every call where the record keeps them,
+    else what is known (the log's resumes; the last call's threads, marked * when it resumed)."""
+    calls, complete = known_calls(record, log)
+    resumed = ", ".join(c.split("→")[0] for c in calls[1:]) or "-"
+    if complete:
+        return ", ".join(str(c.get("threads", "?")) for c in record["calls"]), resumed
+    return f"{record.get('threads')}{'*' if len(calls) > 1 else ''}", resumed
+
+
+def _verdict(table: dict[str, dict[str, dict[str, Any]]], test: str, recipe: str) -> str:
+    return (table.get(test, {}).get(recipe, {}).get("verdict") or {}).get("verdict") or ""
+
+
+def _tested(summary_file: Path) -> set[tuple[str, str]]:
+    """(test set, recipe) pairs whose verdict a written report's JSON has from a significance test."""
+    try:
+        summary = json.loads(summary_file.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return set()
+    if not isinstance(summary, dict):
+        return set()
+    return {(test, recipe) for test, rows in summary.items() if isinstance(rows, dict)
+            for recipe, row in rows.items() if isinstance(row, dict) and row.get("pooled_p") is not None}
+
+
 def write_report(study: Study, out: str | Path | None = None, baseline: str | None = None) -> Path:
     """Write ``<records>/report.md`` (and ``report.png``); returns the Markdown's path.
 
@@ -320,11 +436,20 @@ def write_report(study: Study, out: str | Path | None = None, baseline: str | No
     out = Path(out) if out else study.records / name
     data = collect(study)
     table = compare(study, data)
+    lost = sorted((test, recipe) for test, recipe in _tested(out.with_suffix(".json"))
+                  if _verdict(table, test, recipe).startswith(NOT_TESTED))
+    if lost:
+        test, recipe = lost[0]
+        why = table[test][recipe]["verdict"]["verdict"].removeprefix(f"{NOT_TESTED}: ")
+        raise ReportError(f"{out} keeps significance tests this machine cannot redo ({len(lost)} verdicts, "
+                          f"{recipe} on {test} first: {why}); it is left as it is (give --out to write "
+                          "this one elsewhere)")
     picture = _picture(study, table, out.with_suffix(".png"))
     text = render(study, data, table, picture, out, flags)
     atomic_write_text(out, text)
     summary = {test: {recipe: {"bleu": row["bleu"], "verdict": (row.get("verdict") or {}).get("verdict"),
-                               "pooled_p": (row.get("verdict") or {}).get("pooled_p")}
+                               "pooled_p": (row.get("verdict") or {}).get("pooled_p"),
+                               "aso": (row.get("verdict") or {}).get("aso")}
                       for recipe, row in rows.items()} for test, rows in table.items()}
     atomic_write_text(out.with_suffix(".json"), json.dumps(summary, indent=2) + "\n")
     return out

@@ -31,7 +31,18 @@ from typing import Any
 
 from structnmt.errors import StructNMTError
 from structnmt.io import atomic_write_text
-from structnmt.study.spec import Study, config_digest, train_view
+from structnmt.study.provenance import (
+    corpora_digests,
+    cpu_info,
+    git_commit,
+    lines_digest,
+    read_calls,
+    resume_step,
+    start_call,
+    trees_digest,
+    versions,
+)
+from structnmt.study.spec import Study, added_at_default, config_digest, train_view
 
 RECORD = "record.json"
 FAILED = "failed.json"
@@ -103,18 +114,44 @@ def reads_trees(cfg: Any) -> bool:
 # records
 
 
-def _read_json(path: Path, unreadable: dict[str, Any] | None) -> dict[str, Any] | None:
+def _json_damage(path: Path) -> str | None:
+    """Why a JSON file that should hold an object does not (None when it does or is absent)."""
     if not path.is_file():
         return None
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except ValueError:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as err:
+        return f"not valid JSON ({str(err).split(':')[0]}; truncated?)"
+    if not isinstance(value, dict):
+        return f"valid JSON but a {type(value).__name__}, not an object"
+    return None
+
+
+def _read_json(path: Path, unreadable: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not path.is_file():
+        return None
+    if _json_damage(path) is not None:
         return unreadable
+    return json.loads(path.read_text(encoding="utf-8"))
 
 
 def read_record(study: Study, recipe: str, seed: int) -> dict[str, Any] | None:
-    """The run's record; a torn one counts as none (the run is done again)."""
+    """The run's record; a damaged one (see :func:`record_damage`) reads as none."""
     return _read_json(study.record_dir(recipe, seed) / RECORD, None)
+
+
+def record_damage(study: Study, recipe: str, seed: int) -> str | None:
+    """What is wrong with a run's ``record.json`` and what to do, or None when it is whole or absent.
+
+    A record is written whole or not at all, so a damaged one was damaged afterwards (an editor,
+    a merge, a copy cut short): it is named, never taken for a run not yet done and trained over.
+    """
+    path = study.record_dir(recipe, seed) / RECORD
+    why = _json_damage(path)
+    if why is None:
+        return None
+    return (f"{path} is damaged: {why}; restore it from version control (git checkout -- {path}), "
+            f"or delete {path.parent} to run it again")
 
 
 def read_failure(study: Study, recipe: str, seed: int) -> dict[str, Any] | None:
@@ -131,7 +168,7 @@ def stale_reason(study: Study, recipe: str, seed: int, record: dict[str, Any]) -
     from structnmt.training.checks import config_differences
 
     cfg = study.run_config(recipe, seed)
-    if record.get("digest") != config_digest(cfg):
+    if record.get("digest") != config_digest(cfg) and not added_at_default(record.get("config") or {}, train_view(cfg)):
         fields = [k for k, _, _ in config_differences(record.get("config") or {}, train_view(cfg), "config")][:3]
         return "recipe changed" + (f" ({', '.join(f.removeprefix('config.') for f in fields)})" if fields else "")
     if record.get("test") != study.test_view(cfg):
@@ -143,6 +180,76 @@ def stale_reason(study: Study, recipe: str, seed: int, record: dict[str, Any]) -
             parts = [k for k in now if now.get(k) != (record.get("dataset") or {}).get(k)]
             return f"dataset changed ({', '.join(parts)})"
     return None
+
+
+_TREES: dict[str, dict[str, str] | None] = {}  # data dir -> its trees' digest, once per process
+
+
+def trees_change(study: Study, recipe: str, seed: int, record: dict[str, Any]) -> str | None:
+    """When the run reads trees and today's dataset holds other trees than the record's, say so.
+
+    The parser is named by its recipe (:func:`parser_recipe_identity`), so a parser retrained on
+    another machine keeps the records current, but its trees may differ in a few arcs; a rerun
+    would then train on other trees. Records made before tree digests were kept cannot tell."""
+    if not record.get("reads_trees") or not record.get("trees"):
+        return None
+    data_dir = study.run_config(recipe, seed).data.dir
+    if not (Path(data_dir) / "meta.json").is_file():
+        return None
+    if data_dir not in _TREES:
+        _TREES[data_dir] = trees_digest(data_dir)
+    now = _TREES[data_dir] or {}
+    sides = [side for side, digest in record["trees"].items() if now.get(side) != digest]
+    if not sides:
+        return None
+    return (f"today's trees in {data_dir} differ from the record's ({', '.join(sides)} side): a rerun here would "
+            "train on other trees (restore the parse cache the record was made with, or treat this record as "
+            "another parser's)")
+
+
+def adoptable(study: Study, recipe: str, seed: int) -> Path | None:
+    """A record of another study that stands for this run: the same training digest (so the same
+    config, seed and budget), the same test view, and where the dataset is here its identity.
+
+    Studies keep their records side by side (``studies/<name>/``); the other studies' folders
+    beside this one's are searched. Adopting a record is copying it: the run is not trained twice.
+    """
+    cfg = study.run_config(recipe, seed)
+    digest, test = config_digest(cfg), study.test_view(cfg)
+    here = (Path(cfg.data.dir) / "meta.json").is_file()
+    own = study.records.resolve()
+    for path in sorted(study.records.parent.glob(f"*/*/seed{seed}/{RECORD}")):
+        if own in path.resolve().parents or _json_damage(path) is not None:
+            continue
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if record.get("digest") != digest or record.get("test") != test:
+            continue
+        if here and dataset_identity(cfg, bool(record.get("reads_trees"))) != record.get("dataset"):
+            continue
+        return path.parent
+    return None
+
+
+def adopt(study: Study, recipe: str, seed: int, source: Path) -> None:
+    """Copy another study's record of the same run into this study's records, saying whence."""
+    from structnmt.io import replace_dir
+
+    final = study.record_dir(recipe, seed)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent))
+    try:
+        shutil.copytree(source, tmp, dirs_exist_ok=True)
+        record = json.loads((tmp / RECORD).read_text(encoding="utf-8"))
+        record.update(adopted_from={"study": record.get("study"), "recipe": record.get("recipe"),
+                                    "record": str(source)}, study=study.name, recipe=recipe,
+                      recipe_file=study.recipe(recipe).config)
+        atomic_write_text(tmp / RECORD, json.dumps(record, indent=2, ensure_ascii=False) + "\n")
+        (tmp / FAILED).unlink(missing_ok=True)
+        replace_dir(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    (final / FAILED).unlink(missing_ok=True)
 
 
 def _tail(path: Path, n: int = LOG_TAIL) -> list[str]:
@@ -206,6 +313,12 @@ def _cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
+
+
 def execute_run(study: Study, recipe: str, seed: int) -> str:
     """Train (resuming when a checkpoint of the same digest is there), test, write the record.
 
@@ -263,6 +376,7 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
             _clear_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, owner + "\n")
+    start_call(run_dir, cfg.training.threads or _torch_threads(), resume_step(run_dir) if resume else 0)
     summary = train(cfg, resume=resume)  # its train_seconds sum every resumed call, not only this one
     if summary["status"] == "interrupted":
         return INTERRUPTED
@@ -289,6 +403,10 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
         "threads": cfg.training.threads, "host": socket.gethostname(), "torch": run_info.get("torch"),
         "structnmt": run_info.get("structnmt"), "sacrebleu": run_info.get("sacrebleu"),
         "parameters": run_info.get("parameters"),
+        # what a reader needs to redo the run (see structnmt.study.provenance)
+        "calls": read_calls(run_dir), "cpu_info": cpu_info(), "versions": versions(), "git_commit": git_commit(),
+        "corpora": corpora_digests(cfg.data.dir), "references": reference_digests(cfg.data.dir, scores),
+        "trees": trees_digest(cfg.data.dir) if trees else None,
         "checkpoint": "last.pt",
         "valid": [{"step": r["step"], "loss": r.get("loss"), "bleu": r.get("bleu")} for r in valid],
         "scores": {name: {k: s[k] for k in ("bleu", "chrf", "signature", "bleu_parts", "sentences", "truncated_lines",
@@ -300,6 +418,16 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
     _write_record(study, recipe, seed, record, hyps, run_dir / "log.jsonl")
     (study.record_dir(recipe, seed) / FAILED).unlink(missing_ok=True)
     return DONE
+
+
+def reference_digests(data_dir: str | Path, scores: dict[str, Any]) -> dict[str, str]:
+    """The digest of every tested split's references (a long-dependency subset is named by its
+    split's and its ``lines``), so that a report can use references from elsewhere once they
+    are shown to be the same."""
+    from structnmt.data.dataset import ParallelDataset
+
+    splits = sorted({s.get("subset_of", name) for name, s in scores.items()})
+    return {split: lines_digest(ParallelDataset(data_dir, split).raw("tgt")) for split in splits}
 
 
 def _clear_run_dir(run_dir: Path) -> None:

@@ -24,8 +24,11 @@ included, is validated before anything runs.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
+import types
+import typing
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -285,3 +288,41 @@ def train_view(cfg: ExperimentConfig) -> dict[str, Any]:
 def config_digest(cfg: ExperimentConfig) -> str:
     """The training digest of a run (:func:`train_view` hashed)."""
     return hashlib.sha256(json.dumps(train_view(cfg), sort_keys=True).encode()).hexdigest()
+
+
+_NO_DEFAULT = object()
+
+
+def field_default(dotted: str) -> Any:
+    """The default of a config field named ``data.clean.max_len`` (JSON-shaped), or a sentinel
+    when it has none (a required field, one inside a mapping, an unknown name)."""
+    tp: Any = ExperimentConfig
+    names = dotted.split(".")
+    for depth, name in enumerate(names):
+        fields = {f.name: f for f in dataclasses.fields(tp)} if dataclasses.is_dataclass(tp) else {}
+        if name not in fields:
+            return _NO_DEFAULT
+        if depth == len(names) - 1:
+            f = fields[name]
+            if f.default is not dataclasses.MISSING:
+                value = f.default
+            elif f.default_factory is not dataclasses.MISSING:
+                value = f.default_factory()
+                value = to_dict(value) if dataclasses.is_dataclass(value) else value
+            else:
+                return _NO_DEFAULT
+            return json.loads(json.dumps(value, default=str))
+        tp = typing.get_type_hints(tp)[name]
+        if isinstance(tp, types.UnionType) or typing.get_origin(tp) is typing.Union:  # X | None
+            tp = next((a for a in typing.get_args(tp) if a is not type(None)), None)
+    return _NO_DEFAULT
+
+
+def added_at_default(recorded: dict[str, Any], today: dict[str, Any]) -> bool:
+    """Whether the only differences between a record's training view and today's are fields
+    added to the config since the record was made, at their defaults: such a record stands
+    (a new option that is off changes nothing that was trained)."""
+    from structnmt.training.checks import config_differences
+
+    differ = config_differences(recorded, today, "")
+    return bool(differ) and all(old is None and new == field_default(key.lstrip(".")) for key, old, new in differ)

@@ -1,0 +1,159 @@
+"""What a record pins so that a reader can redo its run: machine, versions, code, data, trees, calls.
+
+Records made before these fields were kept lack them; the report shows what is known (the
+thread count of the last call, resumes from the training log) rather than guessing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import platform
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+CALLS_FILE = "calls.jsonl"  # in the work folder of a run: one line per call that trained it
+
+#: the instruction-set extensions that change which kernels torch runs on a CPU
+SIMD_FLAGS = ("sse4_2", "avx", "avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx512_bf16",
+              "avx512_fp16", "amx_bf16", "amx_int8", "amx_tile", "asimd", "sve")
+
+
+def lines_digest(lines: list[str]) -> str:
+    """SHA-256 of text lines as a file holds them (each ends with a newline): the same for the
+    prepared dataset's ``raw.tgt.txt`` and for the corpus file it was read from."""
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode("utf-8") + b"\n")
+    return digest.hexdigest()
+
+
+def cpu_info() -> dict[str, Any]:
+    """CPU model, the instruction set torch dispatches to, and the SIMD flags the kernel reports."""
+    import torch
+
+    model, flags = platform.processor() or platform.machine(), set()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and model == (platform.processor() or platform.machine()):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith(("flags", "Features")) and not flags:
+                flags = set(line.split(":", 1)[1].split())
+    capability = None
+    with contextlib.suppress(Exception):
+        capability = torch.backends.cpu.get_cpu_capability()
+    return {"model": model, "isa": capability, "simd": [f for f in SIMD_FLAGS if f in flags]}
+
+
+def versions() -> dict[str, str | None]:
+    """Exact versions of what decides the numbers: Python and the libraries that touch data or weights."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out: dict[str, str | None] = {"python": platform.python_version()}
+    for package in ("torch", "numpy", "sentencepiece", "spacy", "sacrebleu", "structnmt"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            out[package] = None
+    return out
+
+
+def git_commit() -> str | None:
+    """structnmt's commit (``+dirty`` when tracked files differ from it), or None outside a checkout."""
+    where = Path(__file__).resolve().parent
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,
+                                timeout=10, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "structnmt"],
+                               cwd=where.parent.parent, capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "") if commit else None
+
+
+def corpora_digests(data_dir: str | Path) -> dict[str, str]:
+    """The SHA-256 of every corpus file the dataset was prepared from, as ``prepare`` recorded them."""
+    meta = json.loads((Path(data_dir) / "meta.json").read_text(encoding="utf-8"))
+    files = (meta.get("inputs") or {}).get("files") or {}
+    return {key.removeprefix("splits."): info.get("sha256") for key, info in sorted(files.items())}
+
+
+#: the stored fields that are the trees (and the scenes built from them)
+TREE_FIELDS = ("heads", "labels", "scene_members", "scene_parent")
+
+
+def trees_digest(data_dir: str | Path) -> dict[str, str] | None:
+    """Per side, one SHA-256 over the trees of every split of a prepared dataset (heads, labels,
+    scenes and their offsets); None when the dataset holds no trees. Two parsers that agree on
+    every arc give the same digest, whatever their weights."""
+    root = Path(data_dir)
+    out: dict[str, str] = {}
+    for side in ("src", "tgt"):
+        digest, found = hashlib.sha256(), False
+        for split in sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith(".")):
+            for name in TREE_FIELDS:
+                for part in ("data", "offsets"):
+                    path = split / f"{side}.{name}.{part}.npy"
+                    if path.is_file():
+                        found = True
+                        digest.update(f"{split.name}/{path.name}\0".encode() + path.read_bytes())
+        if found:
+            out[side] = digest.hexdigest()
+    return out or None
+
+
+# ---------------------------------------------------------------------------
+# the calls that trained a run
+
+
+def start_call(run_dir: Path, threads: int, from_step: int) -> None:
+    """Note a call that trains the run: from which step and with how many threads."""
+    import socket
+
+    entry = {"from_step": from_step, "threads": threads, "host": socket.gethostname(),
+             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+    with open(run_dir / CALLS_FILE, "a", encoding="utf-8") as handle:
+        handle.write(json.dumps(entry) + "\n")
+
+
+def read_calls(run_dir: Path) -> list[dict[str, Any]]:
+    path = run_dir / CALLS_FILE
+    if not path.is_file():
+        return []
+    calls = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        with contextlib.suppress(ValueError):
+            entry = json.loads(line)
+            if isinstance(entry, dict):
+                calls.append(entry)
+    return calls
+
+
+def resume_step(run_dir: Path) -> int:
+    """The step the next call starts from: its newest good checkpoint's (0 when there is none)."""
+    from structnmt.training.checkpoint import newest_good_checkpoint, read_header
+
+    start = newest_good_checkpoint(run_dir, [])
+    if start is None:
+        return 0
+    return int(read_header(start)[0].get("step", 0))
+
+
+def known_calls(record: dict[str, Any], log: Path | None) -> tuple[list[str], bool]:
+    """The calls that trained a recorded run, as short texts (``0→ (2 threads)``), and whether
+    that list is complete. Records made before calls were kept give what the log shows: the
+    steps it resumed from, with the thread count of the last call only."""
+    calls = record.get("calls")
+    if isinstance(calls, list) and calls:
+        return [f"{c.get('from_step', '?')}→ ({c.get('threads', '?')} thr)" for c in calls], True
+    resumes = []
+    if log is not None and log.is_file():
+        for line in log.read_text(encoding="utf-8").splitlines():
+            with contextlib.suppress(ValueError):
+                entry = json.loads(line)
+                if isinstance(entry, dict) and entry.get("kind") == "event" and entry.get("event") == "resume":
+                    resumes.append(entry.get("step"))
+    return ["0→"] + [f"{s}→" for s in resumes], False
