@@ -124,7 +124,8 @@ class ProgressLines:
         self.thread.join()
 
     def _latest(self) -> tuple[int, float] | None:
-        """(step, elapsed seconds) of the newest training record, or None."""
+        """(step, elapsed seconds) of the newest training record, or None; a stretch with a
+        validation in it is not an update rate (the stall watch starts again after it)."""
         try:
             with open(self.log, encoding="utf-8") as handle:
                 handle.seek(self.read)
@@ -141,6 +142,8 @@ class ProgressLines:
                 continue
             if record.get("kind") == "train" and "elapsed_s" in record:
                 latest = (int(record["step"]), float(record["elapsed_s"]))
+            elif record.get("kind") == "valid":
+                self.stall.last = None
         return latest
 
     def _watch(self) -> None:
