@@ -288,7 +288,7 @@ def test_a_token_id_past_the_vocabulary_is_named_when_the_dataset_opens(
     stored[int(offsets[6]) + 1] = 9999  # a flipped id in the 7th sentence
     stored.flush()
     del stored
-    message = failing(capsys, "train", str(prepared))
+    message = failing(capsys, "train", str(prepared), "--set", "training.valid_every=0")
     assert message.startswith(f"{ids}: token id 9999 (sentence 7) is outside the vocabulary of ")
     assert not (tmp_path / "run" / "last.pt").exists()
 
