@@ -1,7 +1,8 @@
 """Every registered method (and the vanilla model) as a tiny model, and batches of the synthetic task.
 
-Shared by the device-placement and fp16 tests: both must cover the whole method registry, so
-``CASES`` is checked against ``METHODS`` (a method added without a case here fails them).
+Shared by the device-placement and fp16 tests and by ``benchmarks/gpu_smoke.py``: all must cover
+the whole method registry, so ``CASES`` is checked against ``METHODS`` (a method added without a
+case here fails them).
 """
 
 from __future__ import annotations
