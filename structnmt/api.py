@@ -140,24 +140,28 @@ def prepare_stage(config: ConfigLike, overrides: Overrides = None, *, subwords_o
     return stages.prepare_sharded(cfg, jobs, slurm=slurm, params=slurm_params, force=force, verbose=verbose)
 
 
-def download(corpus: str, out: str | Path, source: str | Path | None = None) -> dict[str, int]:
+def download(corpus: str, out: str | Path, source: str | Path | None = None,
+             base_url: str | None = None) -> dict[str, int]:
     """Write ``wmt14-en-de`` or ``iwslt14-de-en`` into ``out`` in the layout its recipes read
-    (``docs/corpora.md``), from the public archives or from a local copy of them (``source``);
+    (``docs/corpora.md``), from the public archives, a mirror holding them under their names
+    (``base_url``, default ``$STRUCTNMT_DOWNLOAD_URL``) or a local copy of them (``source``);
     returns the line count of each file written."""
     from structnmt.data.corpora import download as fetch
 
-    return fetch(corpus, out, source)
+    return fetch(corpus, out, source, base_url)
 
 
 def prepare_multi30k(pair: str = "en-de", source: str | Path | None = None, out: str | Path | None = None,
-                     parser: str | None = None, force: bool = False, verbose: bool = True) -> Path:
+                     parser: str | None = None, force: bool = False, verbose: bool = True,
+                     base_url: str | None = None) -> Path:
     """Prepare Multi30k ``pair`` from a local copy of its raw files (``source``), or from its
-    public home when ``source`` is None; ``parser`` is a spaCy model for the source trees."""
+    public home (or the mirror ``base_url``, default ``$STRUCTNMT_DOWNLOAD_URL``) when ``source``
+    is None; ``parser`` is a spaCy model for the source trees."""
     from structnmt.data.multi30k import build_multi30k
     from structnmt.data.prepare import prepare as build
 
     out = Path(out or f"data/multi30k_{pair.replace('-', '_')}")
-    data = build_multi30k(pair, out.parent / f"{out.name}_raw", Path(source) if source else None)
+    data = build_multi30k(pair, out.parent / f"{out.name}_raw", Path(source) if source else None, base_url)
     data.dir = str(out)
     if parser:
         data.src.parser.backend, data.src.parser.model = "spacy", parser

@@ -1,7 +1,8 @@
 """``structnmt download`` and ``structnmt prepare multi30k`` end to end against an HTTP server on
 127.0.0.1 that the test starts, serving small archives built in the published layouts.
 
-The base URL goes through ``$STRUCTNMT_DOWNLOAD_URL``, the same path a user's mirror takes.
+The base URL goes through ``$STRUCTNMT_DOWNLOAD_URL`` (``--base-url`` in one test), the same path a
+user's mirror takes.
 Covered: success (the files land where the recipes read them), a connection cut mid-file (no
 half file is taken as done, the rerun resumes with a range request, or restarts when the
 server ignores ranges), a 404 and a checksum mismatch (one-line errors naming the URL).
@@ -167,9 +168,11 @@ def test_wmt14_download_lands_where_the_recipe_reads(tmp_path, at, capsys):
     assert all((downloads / n).read_bytes() == body for n, body in archives.items())
 
 
-def test_iwslt14_download_lands_where_the_recipe_reads(tmp_path, at, capsys):
-    with at(Mirror(iwslt14_archive(tmp_path))):
-        code, err = run(["download", "iwslt14-de-en", "--out", "data/raw/iwslt14_de_en"], capsys)
+def test_iwslt14_download_lands_where_the_recipe_reads(tmp_path, at, capsys, monkeypatch):
+    with Mirror(iwslt14_archive(tmp_path)) as mirror:
+        monkeypatch.setenv(BASE_URL_ENV, "http://127.0.0.1:9/nothing-here")  # --base-url wins over it
+        code, err = run(["download", "iwslt14-de-en", "--out", "data/raw/iwslt14_de_en", "--base-url", mirror.url],
+                        capsys)
     assert code == 0, err
     data = load_config(CONFIGS / "iwslt14_de_en_transformer.yaml").data
     assert {name: len(Path(s.src).read_text().splitlines()) for name, s in data.splits.items()} == {

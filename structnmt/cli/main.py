@@ -28,7 +28,8 @@ from structnmt.parsers.ud_train import PARSER_PRESETS
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     if args.config == "multi30k":
-        path = api.prepare_multi30k(args.pair, args.from_dir, args.out, args.parser, force=args.force)
+        path = api.prepare_multi30k(args.pair, args.from_dir, args.out, args.parser, force=args.force,
+                                    base_url=args.base_url)
     else:
         stages = (args.subwords_only, args.shard, args.merge, args.jobs)
         if any(stages):
@@ -43,7 +44,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    api.download(args.corpus, args.out, args.from_dir)
+    api.download(args.corpus, args.out, args.from_dir, args.base_url)
     return 0
 
 
@@ -231,6 +232,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("config", help="experiment YAML, or the word 'multi30k'")
     s.add_argument("--pair", default="en-de", help="multi30k: language pair (en-de, en-fr)")
     s.add_argument("--from", dest="from_dir", help="multi30k: local copy of the raw files (else download)")
+    s.add_argument("--base-url", help="multi30k: a mirror holding the raw files under their names "
+                   "(default: $STRUCTNMT_DOWNLOAD_URL, else the corpus's public repository)")
     s.add_argument("--out", help="multi30k: dataset directory")
     s.add_argument("--parser", help="multi30k: spaCy model (name or path) for the source trees")
     s.add_argument("--force", action="store_true", help="rebuild even if the dataset exists")
@@ -249,6 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("corpus", choices=["wmt14-en-de", "iwslt14-de-en"])
     s.add_argument("--out", required=True, help="e.g. data/raw/wmt14_en_de")
     s.add_argument("--from", dest="from_dir", help="a local copy of the public archives (no download)")
+    s.add_argument("--base-url", help="a mirror holding the archives under their names "
+                   "(default: $STRUCTNMT_DOWNLOAD_URL, else the public servers)")
     s.set_defaults(func=cmd_download)
 
     s = sub.add_parser("train", help="train a model from an experiment YAML")
