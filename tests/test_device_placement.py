@@ -3,8 +3,9 @@
 A tensor made on the CPU while the model lives on a GPU is a crash (or a silent host copy
 per step) that only the first user with a GPU would see. Two nets catch it here:
 
-* the model, every method's auxiliary loss and backward run with parameters and batch on
-  the ``meta`` device: any CPU tensor mixed in raises "Tensor on device cpu is not on the
+* the model, every method's auxiliary loss and backward, and the model's side of beam search
+  (encode, beam expansion, cached decoding steps, cache re-ordering) run with parameters and
+  batch on the ``meta`` device: any CPU tensor mixed in raises "Tensor on device cpu is not on the
   expected device meta". Meta tensors hold no values, so the few places that read one (is
   there padding at all? are the labels in range?) are answered "no" by a dispatch mode;
 * beam search reads values, so it (with training and greedy search) runs on the CPU under a
@@ -28,6 +29,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from structnmt.data.batch import BOS_ID
 from structnmt.decoding.search import beam_search, greedy_search
 from structnmt.model.losses import label_smoothed_nll
 from tests.registry_cases import (
@@ -89,18 +91,38 @@ def _train_pass(model, batch) -> None:
     return out
 
 
+def _beam_steps(model, source_only, beam: int = 3):
+    """What beam search asks of the model: encode, expand to beams, two cached steps with the
+    cache re-ordered between them (the search's own bookkeeping reads values: the factory test
+    covers it)."""
+    n = source_only.size
+    device = source_only.src.device
+    with torch.no_grad():
+        enc = model.encode(source_only.src, {"src": source_only.struct["src"], "tgt": {}})
+        enc = enc.index_select(torch.arange(n, device=device).repeat_interleave(beam))
+        cache = model.new_cache()
+        tokens = torch.full((n * beam, 1), BOS_ID, dtype=torch.long, device=device)
+        first = model.decode(tokens, enc, cache=cache)
+        type(model).reorder_cache(cache, torch.arange(n * beam, device=device).flip(0), cross=False)
+        return first, model.decode(tokens, enc, cache=cache)
+
+
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_model_losses_and_backward_stay_on_the_model_device(dataset, case):
     model = make_model(case, vocab_size(dataset)).train()
     batch = batches(dataset, "train", model)[0]
+    source_only = batches(dataset, "test", model, inference=True)[0]
     model.to("meta")
-    batch = batch.to("meta")
+    batch, source_only = batch.to("meta"), source_only.to("meta")
     with MetaValues():
         out = _train_pass(model, batch)
+        model.eval()
+        steps = _beam_steps(model, source_only)
     assert out.logits.device.type == "meta"
     assert all(v.device.type == "meta" for v in out.losses.values())
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(g.device.type == "meta" for g in grads)
+    assert all(step.device.type == "meta" for step in steps)
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
