@@ -88,9 +88,9 @@ def train_case(case: str, precision: str, data: Path, vocab: int, device: Any, u
             "first_loss": losses[0], "last_loss": losses[-1], "scale": scale, "peak": peak, "problems": problems}
 
 
-def beam_agreement(model: Any, data: Path, device: Any, precision: str) -> tuple[float, int]:
-    """Share of test lines whose beam-4 output on ``device`` (under ``precision``'s autocast)
-    equals the same model's fp32 output on the CPU."""
+def beam_agreement(model: Any, data: Path, device: Any, precisions: tuple[str, ...]) -> dict[str, tuple[float, int]]:
+    """Per precision: the share of test lines whose beam-4 output on ``device`` (under that
+    precision's autocast) equals the same model's fp32 output on the CPU, and the line count."""
     import copy
 
     import torch
@@ -100,15 +100,16 @@ def beam_agreement(model: Any, data: Path, device: Any, precision: str) -> tuple
 
     cpu_model = copy.deepcopy(model).to("cpu").float()
     model = model.to(device)
-    autocast = _updater(torch.nn.Linear(1, 1), precision, device).autocast
-    same = total = 0
+    same = dict.fromkeys(precisions, 0)
+    total = 0
     for batch in batches(data, "test", cpu_model, max_tokens=2048, inference=True):
         reference = [h[0].tokens for h in beam_search(cpu_model, batch, beam=4)]
-        with autocast():
-            found = [h[0].tokens for h in beam_search(model, batch.to(device), beam=4)]
-        same += sum(a == b for a, b in zip(reference, found))
         total += len(reference)
-    return same / max(total, 1), total
+        for precision in precisions:
+            with _updater(torch.nn.Linear(1, 1), precision, device).autocast():
+                found = [h[0].tokens for h in beam_search(model, batch.to(device), beam=4)]
+            same[precision] += sum(a == b for a, b in zip(reference, found))
+    return {precision: (same[precision] / max(total, 1), total) for precision in precisions}
 
 
 def _free_port() -> int:
@@ -203,8 +204,7 @@ def main(argv: list[str] | None = None) -> int:
             print(" | ".join(str(c) for c in rows[-1]), flush=True)
             if precision == "bf16":
                 bf16_model = result["model"]
-        for precision in ("fp32", "bf16"):
-            share, lines = beam_agreement(bf16_model, data, device, precision)
+        for precision, (share, lines) in beam_agreement(bf16_model, data, device, ("fp32", "bf16")).items():
             beam_rows.append([case, precision, f"{share:.1%} of {lines}"])
             if precision == "fp32" and share < 0.95:
                 failures.append(f"{case}: GPU beam search equals the CPU's on {share:.1%} of lines only")
