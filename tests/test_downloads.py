@@ -8,7 +8,9 @@ half file is taken as done, the rerun resumes with a range request, or restarts 
 server ignores ranges), a 404 and a checksum mismatch (one-line errors naming the URL).
 
 Checked against the bugs: with the size check in ``download.fetch`` removed, the cut tests
-fail (the half archive is renamed as done and the rerun has nothing to resume); with the
+fail (the half archive is renamed as done and the rerun has nothing to resume); with only the
+size checked, a chunked reply (no size announced) cut short is taken as done ("cannot read
+the archive" instead of a resumable cut); with the
 digest check removed, the mismatch test fails; with ``multi30k`` skipping any failed split
 (as it did) rather than a 404 only, ``test_multi30k_stops_on_a_cut_test_split`` fails.
 """
@@ -38,12 +40,27 @@ class Mirror:
         self.files = {f"mirror/{name}": body for name, body in files.items()}  # served under /mirror/
         self.ranges = ranges
         self.cut: dict[str, int] = {}  # name -> bytes sent before the connection is dropped (once)
+        self.chunked: set[str] = set()  # names sent with chunked transfer encoding (no size announced)
         self.requests: list[tuple[str, str | None]] = []  # (name, Range header)
         mirror = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # chunked replies need it
+
             def log_message(self, *args) -> None:
                 pass
+
+            def send_chunked(self, body: bytes, stop: int | None) -> None:
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                for k in range(0, len(body), 100):
+                    piece = body[k:k + 100]
+                    if stop is not None and k + len(piece) > stop:  # the connection drops inside this chunk
+                        self.wfile.write(b"%x\r\n" % len(piece) + piece[: stop - k])
+                        self.close_connection = True
+                        return
+                    self.wfile.write(b"%x\r\n" % len(piece) + piece + b"\r\n")
+                self.wfile.write(b"0\r\n\r\n")
 
             def do_GET(self) -> None:  # noqa: N802 (http.server's name)
                 name = self.path.lstrip("/")
@@ -51,6 +68,10 @@ class Mirror:
                 body = mirror.files.get(name)
                 if body is None:
                     self.send_error(404, "Not Found")
+                    return
+                if name in mirror.chunked and not self.headers.get("Range"):
+                    self.send_response(200)
+                    self.send_chunked(body, mirror.cut.pop(name, None))
                     return
                 start = 0
                 wanted = self.headers.get("Range")
@@ -201,6 +222,19 @@ def test_a_cut_connection_leaves_no_file_taken_as_done_and_the_rerun_finishes(tm
     assert Path("out/downloads/dev.tgz").read_bytes() == dev
     assert not Path("out/downloads/dev.tgz.part").exists()
     assert Path("out/newstest2013.en").read_text() == "dev en\n"
+
+
+def test_a_cut_reply_without_a_size_is_not_taken_as_done(tmp_path, at, capsys):
+    archive = iwslt14_archive(tmp_path)["de-en.tgz"]
+    with at(Mirror({"de-en.tgz": archive})) as mirror:
+        mirror.chunked.add("mirror/de-en.tgz")
+        mirror.cut["mirror/de-en.tgz"] = 250  # two whole chunks of 100 bytes, then half of the third
+        code, err = run(["download", "iwslt14-de-en", "--out", "out"], capsys)
+        assert code == 2 and err.count("\n") == 1 and f"{mirror.url}/de-en.tgz stopped after 200 bytes (" in err
+        assert not Path("out/downloads/de-en.tgz").exists()
+        code, err = run(["download", "iwslt14-de-en", "--out", "out"], capsys)
+    assert code == 0, err
+    assert Path("out/downloads/de-en.tgz").read_bytes() == archive
 
 
 def test_a_missing_file_is_one_line_naming_its_url(tmp_path, at, capsys):

@@ -104,17 +104,22 @@ def fetch(url: str, target: Path, sha256: str | None = None, say=print) -> Path:
         have = 0
     say(f"downloading {url}" + (f" (resuming after {have:,} bytes)" if resumed else ""))
     total = _total(response, have)
-    cause = "the connection closed"
+    cut = None  # why the transfer broke off, if it did (a chunked reply announces no size)
     with response, open(partial, "ab" if resumed else "wb") as handle:
         try:
             while block := response.read(_BLOCK):
                 handle.write(block)
                 have += len(block)
         except (http.client.HTTPException, OSError) as err:
-            cause = str(err) or type(err).__name__
-    if total is not None and have != total:
-        raise DownloadError(f"the download of {url} stopped after {have:,} of {total:,} bytes ({cause}); "
-                            "run the same command again to resume it")
+            partial_bytes = getattr(err, "partial", b"")  # IncompleteRead: what did arrive
+            if isinstance(partial_bytes, bytes):
+                handle.write(partial_bytes)
+                have += len(partial_bytes)
+            cut = str(err) or type(err).__name__
+    if cut is not None or (total is not None and have != total):
+        of = f" of {total:,}" if total is not None else ""
+        raise DownloadError(f"the download of {url} stopped after {have:,}{of} bytes "
+                            f"({cut or 'the connection closed'}); run the same command again to resume it")
     if sha256 is not None:
         got = sha256_of(partial)
         if got != sha256.lower():
