@@ -597,3 +597,19 @@ def test_a_fresh_clone_without_data_regenerates_the_report_byte_for_byte(tmp_pat
     adopted = json.loads((load_study(twin).record_dir("vanilla", 1) / "record.json").read_text())
     assert adopted["study"] == "twin" and adopted["adopted_from"]["study"] == "clone"
     assert adopted["scores"] == json.loads((study.record_dir("vanilla", 1) / "record.json").read_text())["scores"]
+
+
+@pytest.mark.slow
+@pytest.mark.shared
+@pytest.mark.parametrize("name", ["multi30k_en_fr", "syncattn_lambda"])
+def test_the_committed_reports_regenerate_byte_for_byte(name, tmp_path, monkeypatch):
+    # the committed records and the corpus files of ../shared, with or without data/ (a fresh
+    # clone has none): every score, verdict, p-value and ASO ε as committed; a few minutes each
+    monkeypatch.chdir(ROOT)
+    study = load_study(Path("studies") / f"{name}.yaml")
+    if not all(Path(f.tgt).is_file() for cfg in [study.run_config(r.name, study.seeds[0]) for r in study.recipes]
+               for f in cfg.data.splits.values() if f.tgt):
+        pytest.skip("the corpus files of ../shared are not on this machine")
+    out = write_report(study, out=tmp_path / "report.md")
+    for suffix in (".md", ".json", ".png"):
+        assert out.with_suffix(suffix).read_bytes() == (study.records / "report").with_suffix(suffix).read_bytes()
