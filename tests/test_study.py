@@ -484,7 +484,7 @@ def test_p_values_print_with_four_decimals(recipes, tmp_path):
     assert "Almost Stochastic Order" in text and "It asks whether" in text
 
 
-def test_status_time_left_honours_jobs_and_runs_in_progress():
+def test_status_time_left_honours_jobs_and_runs_in_progress(monkeypatch):
     # before: every run not done counted a whole median, running ones too, one at a time
     def row(state: str, **more) -> dict:
         return {"recipe": "r", "seed": 1, "state": state, "step": None, "bleu": None, "note": "", **more}
@@ -501,6 +501,14 @@ def test_status_time_left_honours_jobs_and_runs_in_progress():
     assert "about 1.4 h of runs, 0.8 h with 2 at a time" in two
     # without --jobs, the study file's executor.jobs (each row carries it)
     assert format_status([{**r, "jobs": 2} for r in rows]).splitlines()[-1] == two
+    # and the command line's --status passes its --jobs on
+    from structnmt import api
+    from structnmt.cli.main import main
+
+    monkeypatch.setattr(api, "study_status", lambda _path: rows)
+    with contextlib.redirect_stdout(io.StringIO()) as out:
+        assert main(["study", "any.yaml", "--status", "--jobs", "2"]) == 0
+    assert out.getvalue().splitlines()[-1] == two
 
 
 def test_a_record_stands_when_only_fields_added_since_at_their_defaults_differ():

@@ -184,8 +184,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_study(args: argparse.Namespace) -> int:
     from structnmt.study import format_status
 
-    if args.status:
-        print(format_status(api.study_status(args.study)))
+    if args.status:  # --jobs: the forecast's runs at once (default: the study file's executor.jobs)
+        print(format_status(api.study_status(args.study), jobs=args.jobs))
         return 0
     if args.baseline and not args.report:
         raise ConfigError("--baseline only changes a report: give --report with it")
@@ -389,7 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--baseline", metavar="RECIPE",
                    help="with --report: compare against this recipe instead of the study's baseline "
                         "(default out: RECORDS/report_vs_RECIPE.md)")
-    s.add_argument("--jobs", type=int, help="local executor: runs at once (threads are split between them)")
+    s.add_argument("--jobs", type=int, help="local executor: runs at once (threads are split between them); "
+                   "with --status: the forecast's")
     s.add_argument("--executor", choices=["local", "slurm", "submitit-local"],
                    help="default: the study file's executor.kind; submitit-local runs the SLURM path here")
     s.add_argument("--only", nargs="+", metavar="RECIPE", help="run only these recipes")
