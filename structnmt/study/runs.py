@@ -203,8 +203,7 @@ def trees_change(study: Study, recipe: str, seed: int, record: dict[str, Any]) -
     if not sides:
         return None
     return (f"today's trees in {data_dir} differ from the record's ({', '.join(sides)} side): a rerun here would "
-            "train on other trees (restore the parse cache the record was made with, or treat this record as "
-            "another parser's)")
+            "train on other trees (bring the parser or the dataset the record was made with)")
 
 
 def adoptable(study: Study, recipe: str, seed: int) -> Path | None:
