@@ -201,11 +201,11 @@ def demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 2000
     """The whole pipeline on the built-in synthetic task (``structnmt demo``): the task written
     to ``WORK/data``, the dataset to ``WORK/dataset``, the run to ``WORK/run``; returns the test
     scores with the ``run`` directory and the training ``summary``. Trains ``steps`` updates
-    (default :data:`structnmt.demo.DEMO_STEPS`), stopping early after ``minutes`` if that is > 0."""
-    from structnmt.demo import DEMO_STEPS, run_demo
+    (default :data:`structnmt.demo_pipeline.DEMO_STEPS`), stopping early after ``minutes`` if that is > 0."""
+    from structnmt.demo_pipeline import DEMO_STEPS, run_demo  # not structnmt.demo: that name is this function
 
     return run_demo(work, minutes, train_size, seed, _overrides(overrides), verbose, valid_size, test_size,
-                    steps or DEMO_STEPS)
+                    DEMO_STEPS if steps is None else steps)
 
 
 # ---------------------------------------------------------------------------

@@ -30,6 +30,8 @@ def check_output_path(path: str | Path, argument: str) -> Path:
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"{argument}: {path} is a directory; give a file name")
+    if path.exists() and not path.is_file():  # a device or a pipe would be replaced by the rename
+        raise OutputError(f"{argument}: {path} is not a regular file; give a file name")
     folder = path.parent
     while not folder.exists():
         folder = folder.parent
@@ -41,8 +43,6 @@ def check_output_path(path: str | Path, argument: str) -> Path:
         os.unlink(probe)
     except OSError as err:
         raise OutputError(f"{argument}: {path}: cannot write into {folder} ({err.strerror or err})") from None
-    if folder == path.parent and path.exists() and not path.is_file():
-        raise OutputError(f"{argument}: {path} is not a regular file; give a file name")
     return path
 
 

@@ -335,6 +335,7 @@ def test_outputs_that_cannot_be_written_are_refused_before_translating(
         unwritable(tmp_path) / "out.txt": f"--output: {unwritable(tmp_path) / 'out.txt'}: cannot write into "
                                           f"{unwritable(tmp_path)} (",
         Path("/proc/version"): "--output: /proc/version: cannot write into /proc (",
+        Path("/dev/null"): "--output: /dev/null is not a regular file; give a file name",  # the rename would replace it
     }
     loaded = []
     monkeypatch.setattr(structnmt.api, "load", lambda *a, **k: loaded.append(a))  # the model is never loaded
@@ -582,7 +583,7 @@ def test_the_demo_trains_every_update_beside_two_busy_processes(tmp_path: Path, 
     assert threads <= max(1, available_cores() - 1), out  # fewer threads than cores: two are taken
     assert f"[demo] training {BUSY_STEPS} updates" in out
     assert scores["summary"]["status"] == "max_steps" and scores["summary"]["step"] == BUSY_STEPS
-    assert scores["bleu"] >= 30.0, out
+    assert scores["bleu"] >= 25.0, out  # 32.4 measured (1 thread); 2.37 was the three-minute demo beside them
     assert " left" in out  # the progress lines (no terminal here) give the time left
     with capsys.disabled():
         print(f"\nbusy demo: {threads} thread(s), {BUSY_STEPS} updates, test BLEU {scores['bleu']:.2f}, "

@@ -67,7 +67,7 @@ def run_demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 
     raw["training"]["seed"] = seed
     raw["training"]["progress"] = verbose and sys.stderr.isatty()
     raw["training"]["max_steps"] = steps
-    if "training.threads" not in overrides:
+    if "training.threads" not in overrides and _trains_on_cpu(overrides.get("training.device", "auto")):
         from structnmt.training.cpu import choose_threads
 
         raw["training"]["threads"], why = choose_threads()
@@ -99,6 +99,12 @@ def run_demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 
         say(f"warning: the demo's own settings reach about 99 BLEU; {scores['bleu']:.2f} means something is "
             f"wrong here (training ran {summary['step']} updates, status {summary['status']})")
     return scores
+
+
+def _trains_on_cpu(device: str) -> bool:
+    import torch
+
+    return str(device).startswith("cpu") or (device == "auto" and not torch.cuda.is_available())
 
 
 class ProgressLines:
