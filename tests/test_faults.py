@@ -514,6 +514,7 @@ def test_no_fault_case_prints_a_traceback(demo: Path, tmp_path: Path) -> None:
     for output in (tmp_path, tmp_path / "empty.yaml" / "o.txt", "/proc/self/o.txt", "/proc/version"):
         case(tmp_path, *translate_args(demo, "--output", str(output)))
     case(tmp_path, "translate", "--checkpoint", tmp_path / "a.pt", "--input", tmp_path / "missing.txt")
+    case(tmp_path, "demo", "--work", tmp_path / "no-demo", "--steps", "0")
     damaged = tmp_path / "damaged"
     shutil.copytree(demo / "demo/dataset", damaged)
     (damaged / "meta.json").write_text("{")
@@ -546,6 +547,13 @@ BUSY_DEMO = {"model.d_model": 64, "model.d_ff": 128, "model.enc_layers": 2, "mod
              "model.dropout": 0.0, "training.max_tokens": 1024, "training.lr": 5e-3, "training.warmup": 100,
              "training.valid_every": 1000, "training.tensorboard": False, "decoding.beam": 2}
 BUSY_STEPS = 450
+
+
+def test_the_demo_refuses_no_updates(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    for argv, expected in ((["--steps", "0"], "--steps: must be at least 1, got 0"),
+                           (["--minutes", "-1"], "--minutes: must not be negative, got -1.0")):
+        assert failing(capsys, "demo", "--work", str(tmp_path / "demo"), *argv) == expected
+    assert not (tmp_path / "demo").exists()
 
 
 def test_the_stall_watch_says_what_to_do_when_updates_collapse() -> None:
