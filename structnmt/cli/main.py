@@ -63,6 +63,13 @@ def cmd_average(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    out = api.export_ctranslate2(args.checkpoint, args.out_dir, dataset=args.dataset,
+                                 quantization=args.quantization, force=args.force)
+    print(f"CTranslate2 model written to {out}")
+    return 0
+
+
 # ---------------------------------------------------------------------------
 # translate / test / evaluate
 
@@ -395,6 +402,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="default: the study file's executor.kind; submitit-local runs the SLURM path here")
     s.add_argument("--only", nargs="+", metavar="RECIPE", help="run only these recipes")
     s.set_defaults(func=cmd_study)
+
+    s = sub.add_parser("export", help="a checkpoint for another engine (CTranslate2)")
+    esub = s.add_subparsers(dest="engine", required=True)
+    x = esub.add_parser("ctranslate2", help="a CTranslate2 model directory (plain-Transformer models only)")
+    x.add_argument("checkpoint")
+    x.add_argument("out_dir")
+    x.add_argument("--dataset", help="the dataset the model was trained on (default: as its config names it)")
+    x.add_argument("--quantization", help="weights on disk: int8, int8_float32, float16, ... (default float32)")
+    x.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    x.set_defaults(func=cmd_export)
 
     s = sub.add_parser("methods", help="list the structure-aware methods and their defaults")
     s.add_argument("-v", "--verbose", action="store_true")
