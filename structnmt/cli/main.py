@@ -312,7 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("demo", help="the whole pipeline on the built-in synthetic task")
     s.add_argument("--work", default="demo", help="working directory (data, dataset, run)")
-    s.add_argument("--steps", type=int, help="updates to train (default 1000: about 99 BLEU, three minutes "
+    s.add_argument("--steps", type=int, help="updates to train (default 1000: about 96 BLEU, three minutes "
                                              "on two idle cores)")
     s.add_argument("--minutes", type=float, default=0.0, help="also stop after this many minutes (0: no limit; "
                                                               "fewer updates give a poor model, and it says so)")
