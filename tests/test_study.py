@@ -600,6 +600,8 @@ def test_a_fresh_clone_without_data_regenerates_the_report_byte_for_byte(tmp_pat
     # another study with a run of the same training digest adopts its record instead of training
     twin = _study_file(tmp_path, {"vanilla": recipes["vanilla"]}, name="twin", seeds=(1,),
                        records=str(tmp_path / "studies" / "twin"), work_dir=str(tmp_path / "twin_runs"))
+    (row,) = study_status(twin)
+    assert row["state"] == "pending" and row["note"].startswith(f"will adopt {study.record_dir('vanilla', 1)}")
     assert run_study(twin, report=False)["runs"] == {"vanilla/seed1": "done"}
     assert not (tmp_path / "twin_runs").exists()  # nothing trained
     adopted = json.loads((load_study(twin).record_dir("vanilla", 1) / "record.json").read_text())

@@ -49,7 +49,15 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
     """One row per run: state (done / stale / running / failed / interrupted / pending / damaged), step,
     BLEU, a note, and the study file's ``executor.jobs`` (for the forecast of :func:`format_status`)."""
     from structnmt.locks import holder
-    from structnmt.study.runs import STUDY_LOCK, read_failure, read_record, record_damage, stale_reason, trees_change
+    from structnmt.study.runs import (
+        STUDY_LOCK,
+        adoptable,
+        read_failure,
+        read_record,
+        record_damage,
+        stale_reason,
+        trees_change,
+    )
 
     study = study if isinstance(study, Study) else load_study(study)
     first_test = (study.test_sets or [None])[0]
@@ -88,6 +96,8 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
             tail = failure.get("log_tail") or []
             row.update(state="failed", step=step, note=failure.get("error", "")[:200],
                        log_tail=tail[-5:])
+        elif row["state"] == "pending" and not step and (source := adoptable(study, recipe, seed)) is not None:
+            row["note"] = f"will adopt {source} (the same training digest and test view)"
         elif row["state"] == "pending" and step:
             row.update(state="interrupted", step=step, bleu=valid_bleu, note="resumes from its last checkpoint",
                        share_left=max(0.0, 1 - step / study.max_steps))

@@ -216,17 +216,32 @@ def adoptable(study: Study, recipe: str, seed: int) -> Path | None:
     cfg = study.run_config(recipe, seed)
     digest, test = config_digest(cfg), study.test_view(cfg)
     here = (Path(cfg.data.dir) / "meta.json").is_file()
-    own = study.records.resolve()
-    for path in sorted(study.records.parent.glob(f"*/*/seed{seed}/{RECORD}")):
-        if own in path.resolve().parents or _json_damage(path) is not None:
-            continue
-        record = json.loads(path.read_text(encoding="utf-8"))
-        if record.get("digest") != digest or record.get("test") != test:
+    for path, record in other_records(study):
+        if record.get("digest") != digest or record.get("test") != test or record.get("seed") != seed:
             continue
         if here and dataset_identity(cfg, bool(record.get("reads_trees"))) != record.get("dataset"):
             continue
         return path.parent
     return None
+
+
+_OTHERS: dict[tuple[str, int, int], list[tuple[Path, dict[str, Any]]]] = {}
+
+
+def other_records(study: Study) -> list[tuple[Path, dict[str, Any]]]:
+    """The records of the studies kept beside this one (read once per process while their
+    folder stands unchanged)."""
+    root = study.records.parent
+    files = sorted(root.glob(f"*/*/seed*/{RECORD}"))
+    key = (str(root.resolve()), len(files), max((p.stat().st_mtime_ns for p in files), default=0))
+    if key not in _OTHERS:
+        own = study.records.resolve()
+        found = []
+        for path in files:
+            if own not in path.resolve().parents and _json_damage(path) is None:
+                found.append((path, json.loads(path.read_text(encoding="utf-8"))))
+        _OTHERS[key] = found
+    return _OTHERS[key]
 
 
 def adopt(study: Study, recipe: str, seed: int, source: Path) -> None:
