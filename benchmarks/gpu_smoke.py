@@ -178,13 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         print("gpu_smoke: no CUDA device here (torch.cuda.is_available() is False); nothing was checked. "
               "Run it on a machine with a GPU, or pass --cpu for a dry run of the script.")
         return 0
-    from tests.registry_cases import CASES, covered_methods, prepare_synthetic, registered_methods, vocab_size
+    from tests.registry_cases import all_cases, covered_methods, prepare_synthetic, registered_methods, vocab_size
 
     started = time.perf_counter()
     device = torch.device("cpu") if args.cpu else torch.device("cuda", 0)
     torch.backends.cuda.matmul.allow_tf32 = False  # the beam comparison wants fp32 to mean fp32
     torch.backends.cudnn.allow_tf32 = False
-    cases = args.only.split(",") if args.only else sorted(CASES)
+    cases = args.only.split(",") if args.only else sorted(all_cases())
     failures = [f"no case for {m}" for m in sorted(registered_methods() - covered_methods())]
     work = Path(tempfile.mkdtemp(prefix="gpu_smoke-"))
     size = DRY_MODEL if args.cpu else MODEL

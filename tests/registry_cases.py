@@ -1,8 +1,10 @@
 """Every registered method (and the vanilla model) as a tiny model, and batches of the synthetic task.
 
-Shared by the device-placement and fp16 tests and by ``benchmarks/gpu_smoke.py``: all must cover
-the whole method registry, so ``CASES`` is checked against ``METHODS`` (a method added without a
-case here fails them).
+Shared by the device-placement and fp16 tests and by ``benchmarks/gpu_smoke.py``: all cover the
+whole method registry. ``all_cases()`` is ``CASES`` (each method at least once, with the variants
+whose code paths differ) plus, for a registered method ``CASES`` does not name, the method with
+its default parameters: a new method is tested without a line here, and needs one only when its
+defaults do not fit the tiny model.
 """
 
 from __future__ import annotations
@@ -45,18 +47,24 @@ CASES: dict[str, list[dict[str, Any]]] = {
 }
 
 
-def covered_methods() -> set[str]:
-    return {entry["name"] for entries in CASES.values() for entry in entries}
-
-
 def registered_methods() -> set[str]:
     discover_methods()
     return set(METHODS)
 
 
+def all_cases() -> dict[str, list[dict[str, Any]]]:
+    """``CASES``, and every registered method they do not name with its default parameters."""
+    named = {entry["name"] for entries in CASES.values() for entry in entries}
+    return {**CASES, **{name: [{"name": name}] for name in sorted(registered_methods() - named)}}
+
+
+def covered_methods() -> set[str]:
+    return {entry["name"] for entries in all_cases().values() for entry in entries}
+
+
 def model_config(case: str, **kw: Any) -> ModelConfig:
     settings = {"enc_layers": 2, "dec_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64, "dropout": 0.1,
-                "methods": CASES[case], **kw}
+                "methods": all_cases()[case], **kw}
     return ModelConfig(**settings)
 
 
@@ -69,8 +77,12 @@ def prepare_synthetic(work: Path, train: int = 96, test: int = 40) -> Path:
     write_task(work / "data", sizes={"train": train, "val": 8, "test": test}, seed=4)
     data = demo_config(work, 1.0)["data"]
     data["subwords"]["vocab_size"] = 300
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)
-    prepare(config_from_dict({"data": data}), force=True, verbose=False)
+    try:
+        prepare(config_from_dict({"data": data}), force=True, verbose=False)
+    finally:
+        torch.set_num_threads(threads)
     return Path(data["dir"])
 
 
