@@ -51,6 +51,8 @@ def convert(tp: Any, value: Any, where: str) -> Any:
                 errors.append(str(err))
         raise ConfigError(f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}", where)
     if origin is Literal:
+        if isinstance(value, bool) and {"on", "off"} <= set(args):  # YAML 1.1 reads on/off as booleans
+            value = "on" if value else "off"
         if value not in args:
             raise ConfigError(f"must be one of {list(args)}, got {value!r}", where)
         return value
@@ -301,6 +303,8 @@ class TrainingConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # auto: bf16 where the hardware has it, else fp16 + gradient scaler on GPUs and fp32 on CPUs
     precision: Literal["fp32", "bf16", "fp16", "auto"] = "auto"
+    # torch.compile of forward + loss (structnmt/training/compiled.py); auto: on CUDA GPUs only
+    compile: Literal["auto", "on", "off"] = "auto"
     threads: int = 0  # torch intra-op threads; 0: library default
     deterministic: bool = False
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops

@@ -46,6 +46,15 @@ class EncoderOutput:
         )
 
 
+def _always_mask() -> bool:
+    """Under ``torch.compile`` pass padding masks even when nothing is padded.
+
+    Asking the tensor whether any padding exists is a host sync that splits the compiled graph;
+    an all-False mask gives the same result.
+    """
+    return torch.compiler.is_compiling()
+
+
 def sinusoidal_table(n: int, d: int) -> Tensor:
     position = torch.arange(n, dtype=torch.float32)[:, None]
     rate = torch.exp(torch.arange(0, d, 2, dtype=torch.float32) * (-math.log(10000.0) / d))
@@ -181,7 +190,7 @@ class Transformer(nn.Module):
                losses: dict[str, Tensor] | None = None) -> EncoderOutput:
         struct = struct or {"src": {}, "tgt": {}}
         pad = src.eq(PAD_ID)
-        pad_arg = pad if bool(pad.any()) else None
+        pad_arg = pad if _always_mask() or bool(pad.any()) else None
         x = self._embed(src, self.src_embed, "src", struct)
         for layer in self.encoder:
             x = layer(x, pad_arg, struct=struct, records=records, requested=requested, losses=losses)
@@ -197,7 +206,7 @@ class Transformer(nn.Module):
         if cache is not None and "k" in cache[0].get("self", {}):
             offset = cache[0]["self"]["k"].size(2)
         tgt_pad = tgt_in.eq(PAD_ID) if cache is None else None
-        tgt_pad = tgt_pad if tgt_pad is not None and bool(tgt_pad.any()) else None
+        tgt_pad = tgt_pad if tgt_pad is not None and (_always_mask() or bool(tgt_pad.any())) else None
         src_pad = enc.src_pad if enc.padded else None
         x = self._embed(tgt_in, self.tgt_embed, "tgt", struct, offset)
         for i, layer in enumerate(self.decoder):

@@ -119,6 +119,7 @@ class Trainer:
         self.updater = Updater(model, self.t, self.device, self.ctx,
                                find_unused_parameters=bool(cfg.model.methods))
         self.progress = Progress()
+        self.compiles = 0  # graphs torch.compile built in this call (warm-up and recompilations)
         self._signal: int | None = None
         self._epoch_cache: tuple[int, list[np.ndarray]] | None = None
 
@@ -252,6 +253,8 @@ class Trainer:
             if info:
                 log.message(f"{side} trees of {self.cfg.data.dir}: {info.get('name') or info.get('backend')} "
                             f"{info.get('version') or ''} ({info.get('model') or '-'}, {info.get('convention')})")
+        if self.updater.compiled or self.t.compile != "auto" or self.device.type == "cuda":
+            log.message(f"training.compile: {self.updater.compile_reason}")
         if start is not None:
             log.message(f"resuming from {start} (step {self.progress.step}, epoch {self.progress.epoch})")
             log.log("event", {"event": "resume", "step": self.progress.step, "from": str(start)})
@@ -279,6 +282,22 @@ class Trainer:
             "last": str(self.run_dir / "last.pt"),
             "best": str(self.run_dir / "best.pt") if (self.run_dir / "best.pt").exists() else None,
         }
+
+    def _log_compilation(self, log: RunLogger, stats: Any, seconds: float, window: TrainWindow) -> None:
+        """Say when torch.compile built graphs (the warm-up, or a recompilation) and keep that
+        time out of the tokens/s of the ``train`` records, which report the steady state."""
+        for note in self.updater.notes:
+            log.message(note)
+        self.updater.notes.clear()
+        if not stats.compiled:
+            return
+        self.compiles += stats.compiled
+        window.started += seconds
+        log.log("event", {"event": "compile", "step": self.progress.step, "graphs": stats.compiled,
+                          "graphs_total": self.compiles, "seconds": round(seconds, 1)})
+        what = "compiled" if self.compiles == stats.compiled else "recompiled (a new batch shape or branch)"
+        log.message(f"step {self.progress.step}: torch.compile {what}: {stats.compiled} graph(s) in "
+                    f"{seconds:.1f} s ({self.compiles} so far)")
 
     def _next_group(self, stream: Iterator[tuple[int, int, int, np.ndarray]]) -> tuple[list[np.ndarray], bool]:
         """The batches of the next update (``accumulate`` of them, fewer at an epoch's end) and
@@ -309,8 +328,10 @@ class Trainer:
             if not group:
                 status = "max_epochs"
                 break
+            update_began = time.monotonic()
             stats = self.updater.update([self.collate(self.train_set, idx, self.fields) for idx in group])
             p.tokens += stats.tokens
+            self._log_compilation(log, stats, time.monotonic() - update_began, window)
             if stats.applied:
                 p.step += 1
                 p.bad_in_a_row = 0

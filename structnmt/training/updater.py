@@ -17,11 +17,12 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from structnmt.config import TrainingConfig
 from structnmt.data.batch import PAD_ID, Batch
 from structnmt.training import distributed as D
+from structnmt.training.compiled import compile_step, graphs_compiled, is_compiler_error, resolve_compile
 from structnmt.training.environment import pick_precision
 from structnmt.training.optim import build_optimizer, build_scheduler, current_lr
 
@@ -36,6 +37,7 @@ class UpdateStats:
     grad_norm: float
     applied: bool  # False: skipped (non-finite loss/gradient or fp16 overflow)
     bad: bool  # a non-finite loss or gradient (counts towards max_bad_steps)
+    compiled: int = 0  # graphs torch.compile built during this update (0 in steady state)
 
 
 class Updater:
@@ -43,7 +45,7 @@ class Updater:
 
     def __init__(self, model: nn.Module, cfg: TrainingConfig, device: torch.device,
                  ctx: D.DistContext | None = None, precision: str | None = None,
-                 find_unused_parameters: bool = False) -> None:
+                 find_unused_parameters: bool = False, compile: str | None = None) -> None:
         self.cfg = cfg
         self.device = device
         self.ctx = ctx = ctx or D.DistContext()
@@ -53,17 +55,57 @@ class Updater:
         self.scheduler = build_scheduler(self.optimizer, cfg)
         self.amp_dtype, use_scaler = pick_precision(precision or cfg.precision, device)
         self.scaler = torch.amp.GradScaler(device.type, enabled=use_scaler)
+        #: whether forward and loss run through torch.compile, and why (``training.compile``)
+        self.compiled, self.compile_reason = resolve_compile(compile or cfg.compile, device)
+        self._step = compile_step(self._forward_loss) if self.compiled else self._forward_loss
+        self._compile_proven = False  # a first compiled update succeeded
+        self.notes: list[str] = []  # one-line messages for the run's log (a compile fallback)
 
     def autocast(self) -> contextlib.AbstractContextManager:
         if self.amp_dtype is None:
             return contextlib.nullcontext()
         return torch.autocast(self.device.type, dtype=self.amp_dtype)
 
-    def update(self, batches: list[Batch]) -> UpdateStats:
+    def _forward_loss(self, batch: Batch) -> tuple[Tensor, Tensor, Tensor, dict[str, Tensor]]:
+        """(loss to differentiate, smoothed loss, NLL, auxiliary terms) of one micro-batch, summed
+        over its target tokens: the part of an update that ``training.compile`` compiles."""
         from structnmt.model.losses import label_smoothed_nll
 
+        with self.autocast():
+            out = self.wrapped(batch)
+        loss, nll = label_smoothed_nll(out.logits.float(), batch.tgt_out, self.cfg.label_smoothing,
+                                       ignore_index=PAD_ID)
+        total = loss
+        aux = {}
+        for name, value in out.losses.items():
+            aux[name] = value.float()
+            total = total + aux[name]
+        return total, loss, nll, aux
+
+    def update(self, batches: list[Batch]) -> UpdateStats:
+        """One update; the first compiled one falls back to eager if the compiler fails."""
+        if not self.compiled or self._compile_proven:
+            return self._update(batches)
+        rng = torch.get_rng_state()
+        try:
+            stats = self._update(batches)
+        except Exception as err:
+            if not is_compiler_error(err):
+                raise
+            first = (str(err).strip().splitlines() or [""])[0][:200]
+            self.notes.append(f"training.compile: compiling failed ({type(err).__name__}: {first}); "
+                              "training eagerly")
+            self.compiled, self.compile_reason = False, "eager (compiling failed)"
+            self._step = self._forward_loss
+            torch.set_rng_state(rng)
+            return self._update(batches)
+        self._compile_proven = True
+        return stats
+
+    def _update(self, batches: list[Batch]) -> UpdateStats:
         self.wrapped.train()
         self.optimizer.zero_grad(set_to_none=True)
+        before = graphs_compiled() if self.compiled else 0
         batches = [b.to(self.device, non_blocking=True) for b in batches]
         local_tokens = sum(b.n_tgt_tokens for b in batches)
         global_tokens = D.all_reduce_sum([float(local_tokens)], self.device)[0]
@@ -79,14 +121,8 @@ class Updater:
             last = i == len(batches) - 1
             sync = contextlib.nullcontext() if last or not self.ctx.enabled else self.wrapped.no_sync()
             with sync:
-                with self.autocast():
-                    out = self.wrapped(batch)
-                loss, nll = label_smoothed_nll(out.logits.float(), batch.tgt_out, self.cfg.label_smoothing,
-                                               ignore_index=PAD_ID)
-                total = loss
-                for name, value in out.losses.items():
-                    value = value.float()
-                    total = total + value
+                total, loss, nll, aux = self._step(batch)
+                for name, value in aux.items():
                     aux_sums[name] = aux_sums.get(name, 0.0) + value.detach().double()
                 self.scaler.scale(total * scale).backward()
             loss_sum += loss.detach().double()
@@ -113,6 +149,7 @@ class Updater:
         self.scaler.update()
         self.scheduler.step()
         stats.applied = True
+        stats.compiled = graphs_compiled() - before if self.compiled else 0
         return stats
 
     def state_dict(self) -> dict[str, Any]:

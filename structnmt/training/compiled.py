@@ -1,0 +1,89 @@
+"""``training.compile``: the forward pass and the loss of an update through ``torch.compile``.
+
+What is compiled is a *function* of the model (forward, label-smoothed loss, the methods'
+auxiliary terms), never the module itself, so a compiled run saves the eager model's state-dict
+keys and a checkpoint resumes in either mode. Three choices keep it exact and cheap:
+
+* ``fallback_random``: dropout inside the compiled graph draws from PyTorch's own generator
+  in program order, the stream an eager run draws from, so a run's random-number states in its
+  checkpoints mean the same in both modes (and inductor's own CPU random kernels, measured here,
+  were slower than eager's);
+* ``dynamic=None``: the first batch shape is compiled as it is; at the second, the lengths and
+  batch size become symbolic, so token-count batches of every shape reuse one graph instead of
+  recompiling per shape (recompilations are counted and logged);
+* where compiling fails (no C++ compiler for inductor's CPU kernels, an unsupported platform),
+  the update runs eagerly and one line says why.
+
+``auto`` compiles where it pays: on CUDA GPUs. On the CPU the compiled step measured no faster
+than the eager one at the Multi30k recipe's shapes (``docs/benchmarks.md``), so ``auto`` stays
+eager there and ``on`` asks for it explicitly.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+#: inductor options for training graphs (see the module docstring)
+INDUCTOR_OPTIONS = {"fallback_random": True}
+
+
+def compile_unavailable(device: torch.device) -> str | None:
+    """Why ``torch.compile`` cannot run on ``device`` here, or None."""
+    if not hasattr(torch, "compile"):
+        return "this torch has no torch.compile"
+    if sys.version_info >= (3, 14) and torch.__version__ < "2.9":
+        return f"torch {torch.__version__} cannot compile on Python {sys.version_info[0]}.{sys.version_info[1]}"
+    if device.type == "cpu":
+        import os
+
+        compiler = os.environ.get("CXX") or "g++"
+        if shutil.which(compiler) is None and shutil.which("clang++") is None:
+            return f"inductor's CPU kernels need a C++ compiler, and {compiler!r} is not on PATH"
+    elif device.type == "cuda":
+        try:
+            from torch.utils._triton import has_triton
+        except ImportError:  # pragma: no cover - very old torch
+            return "this torch cannot tell whether Triton is installed"
+        if not has_triton():
+            return "inductor's GPU kernels need Triton, which is not installed"
+    else:
+        return f"not tried on {device.type} devices"
+    return None
+
+
+def resolve_compile(setting: str, device: torch.device) -> tuple[bool, str]:
+    """(compile or not, the reason in a few words) for ``training.compile`` on ``device``."""
+    if setting == "off":
+        return False, "off"
+    why_not = compile_unavailable(device)
+    if why_not is not None:
+        return False, f"eager ({why_not})"
+    if setting == "on":
+        return True, "on"
+    if device.type == "cuda":
+        return True, "on (auto: a CUDA GPU)"
+    return False, "eager (auto: on the CPU the compiled step measured no faster; training.compile: on forces it)"
+
+
+def graphs_compiled() -> int:
+    """Graphs dynamo has compiled in this process so far (a recompilation adds one)."""
+    from torch._dynamo.utils import counters
+
+    return int(counters["stats"]["unique_graphs"])
+
+
+def compile_step(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn`` through inductor with the options above (compiled lazily, at its first call)."""
+    return torch.compile(fn, dynamic=None, options=INDUCTOR_OPTIONS)
+
+
+def is_compiler_error(err: BaseException) -> bool:
+    """Errors that come from dynamo or inductor themselves, not from the model's own code."""
+    module = type(err).__module__ or ""
+    return module.startswith(("torch._dynamo", "torch._inductor", "torch._functorch")) or \
+        "CppCompileError" in type(err).__name__
