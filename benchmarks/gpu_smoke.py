@@ -8,7 +8,8 @@ of ``tests/registry_cases.py``, which cover the whole registry):
 
 * 50 updates under bf16 autocast and 50 under fp16 autocast with a gradient scaler: every
   loss finite, at most a few updates skipped, the fp16 scale not collapsed; updates/s and the
-  peak CUDA memory of each method;
+  peak CUDA memory of each method (eager; vanilla once more through ``torch.compile``, the
+  default on a GPU where the toolkit has ``training.compile``);
 * beam search on the GPU (fp32, and under the bf16 autocast as validation runs it) against the
   same model's fp32 beam search on the CPU: the share of identical lines (TF32 off);
 * with several GPUs, DDP over all of them with NCCL: 20 updates of vanilla and of DBSA (an
@@ -43,16 +44,23 @@ DRY_MODEL = {"d_model": 32, "n_heads": 4, "d_ff": 64, "dropout": 0.1}
 BUDGET_S = 600
 
 
-def _updater(model: Any, precision: str, device: Any, ctx: Any = None) -> Any:
+def _updater(model: Any, precision: str, device: Any, ctx: Any = None, compiled: bool = False) -> Any:
+    """The training path's ``Updater``; eager unless ``compiled`` (``training.compile``, where the
+    toolkit has it: compiling every method twice would not fit in the 10 minutes)."""
+    import dataclasses
+
     from structnmt.config import TrainingConfig
     from structnmt.training.updater import Updater
 
-    cfg = TrainingConfig(lr=1e-3, warmup=10, clip_norm=1.0, label_smoothing=0.1, precision=precision)
-    return Updater(model, cfg, device, ctx)
+    settings: dict[str, Any] = {"lr": 1e-3, "warmup": 10, "clip_norm": 1.0, "label_smoothing": 0.1,
+                                "precision": precision}
+    if "compile" in {f.name for f in dataclasses.fields(TrainingConfig)}:
+        settings["compile"] = "on" if compiled else "off"
+    return Updater(model, TrainingConfig(**settings), device, ctx)
 
 
 def train_case(case: str, precision: str, data: Path, vocab: int, device: Any, updates: int,
-               size: dict[str, Any]) -> dict[str, Any]:
+               size: dict[str, Any], compiled: bool = False) -> dict[str, Any]:
     """``updates`` updates of one method under one precision: finiteness, skips, scale, speed, peak memory."""
     import torch
 
@@ -60,7 +68,7 @@ def train_case(case: str, precision: str, data: Path, vocab: int, device: Any, u
 
     torch.manual_seed(1)
     model = make_model(case, vocab, **size)
-    updater = _updater(model, precision, device)
+    updater = _updater(model, precision, device, compiled=compiled)
     train = batches(data, "train", model, max_tokens=2048)
     if device.type == "cuda":
         torch.cuda.synchronize()
@@ -209,6 +217,11 @@ def main(argv: list[str] | None = None) -> int:
             if precision == "fp32" and share < 0.95:
                 failures.append(f"{case}: GPU beam search equals the CPU's on {share:.1%} of lines only")
 
+    if not args.cpu:  # the default on a GPU (training.compile: auto) compiles forward and loss: once here
+        result = train_case("vanilla", "bf16", data, vocab, device, args.updates, size, compiled=True)
+        failures += [f"vanilla bf16 compiled: {problem}" for problem in result["problems"]]
+        rows.append(["vanilla (compiled)", "bf16", f"{args.updates / result['seconds']:.1f}", result["skipped"],
+                     f"{result['first_loss']:.2f} → {result['last_loss']:.2f}", "", common.mib(result["peak"])])
     sections = [("Training: every method, bf16 and fp16 (loss scaler)", common.markdown_table(
         ["case", "precision", "updates/s", "skipped", "loss first → last", "fp16 scale", "peak memory"], rows)),
         ("Beam search on the device against fp32 on the CPU", common.markdown_table(
