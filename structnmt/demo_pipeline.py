@@ -9,7 +9,7 @@ A fixed number of updates, not a fixed time: on a machine shared with other work
 budget buys fewer updates, and the demo used to end with "done" and a BLEU near 0 as if all
 were well (issue 28). It trains with one thread per free core
 (:func:`structnmt.training.cpu.choose_threads`), shows its progress with the time left, and
-says when training stalls or the result is far below what the demo reaches.
+says when the result is far below what the demo reaches (the trainer says when it stalls).
 """
 
 from __future__ import annotations
@@ -110,13 +110,10 @@ def _trains_on_cpu(device: str) -> bool:
 class ProgressLines:
     """Where the demo's training stands, read from its ``log.jsonl`` every ``every`` seconds:
     plain lines with the time left when there is no terminal (a terminal shows the trainer's
-    progress bar), and a warning when the update rate collapses (:class:`StallWatch`)."""
+    progress bar). A collapse of the update rate is the trainer's to report (its ``RunLogger``)."""
 
     def __init__(self, log: Path, total: int, say, lines: bool, every: float = 20.0) -> None:
-        from structnmt.training.cpu import StallWatch
-
         self.log, self.total, self.say, self.lines, self.every = log, total, say, lines, every
-        self.stall = StallWatch()
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.read = 0  # bytes of the log already read
@@ -130,8 +127,7 @@ class ProgressLines:
         self.thread.join()
 
     def _latest(self) -> tuple[int, float] | None:
-        """(step, elapsed seconds) of the newest training record, or None; a stretch with a
-        validation in it is not an update rate (the stall watch starts again after it)."""
+        """(step, elapsed seconds) of the newest training record, or None."""
         try:
             with open(self.log, encoding="utf-8") as handle:
                 handle.seek(self.read)
@@ -148,8 +144,6 @@ class ProgressLines:
                 continue
             if record.get("kind") == "train" and "elapsed_s" in record:
                 latest = (int(record["step"]), float(record["elapsed_s"]))
-            elif record.get("kind") == "valid":
-                self.stall.last = None
         return latest
 
     def _watch(self) -> None:
@@ -158,9 +152,6 @@ class ProgressLines:
             if latest is None:
                 continue
             step, seconds = latest
-            warning = self.stall.add(step, seconds)
-            if warning:
-                self.say(f"warning: {warning}")
             if self.lines and seconds > 0 and step:
                 rate = step / seconds
                 left = int((self.total - step) / rate) if rate > 0 else 0

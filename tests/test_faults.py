@@ -556,16 +556,33 @@ def test_the_demo_refuses_no_updates(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert not (tmp_path / "demo").exists()
 
 
-def test_the_stall_watch_says_what_to_do_when_updates_collapse() -> None:
+def test_the_stall_watch_says_what_to_do_when_updates_collapse(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture) -> None:
     from structnmt.training.cpu import StallWatch
+    from structnmt.training.logger import RunLogger
+
+    def steady(watch: StallWatch) -> list:
+        return [watch.add(step, step / 4.0) for step in range(0, 400, 50)]  # 4 updates/s up to step 350
 
     watch = StallWatch()
-    steady = [watch.add(step, step / 4.0) for step in range(0, 400, 50)]  # 4 updates/s
-    assert steady == [None] * 8
-    warning = watch.add(450, 350 / 4.0 + 100 / 0.5)  # then 0.5 updates/s
+    assert steady(watch) == [None] * 8
+    assert watch.add(450, 87.5 + 100 / 0.5) is None  # one slow stretch may be an epoch's batch planning
+    warning = watch.add(550, 87.5 + 200 / 0.5)  # two in a row at 0.5 updates/s
     assert warning.startswith("training slowed from 4.00 to 0.50 updates/s: other processes are using the CPU cores")
     assert "training.threads" in warning
-    assert watch.add(550, 350 / 4.0 + 200 / 0.5) is None  # said once
+    assert watch.add(650, 87.5 + 300 / 0.5) is None  # said once
+    paused = StallWatch()
+    steady(paused)
+    paused.restart()  # a validation of 100 s: not a slow stretch
+    assert [paused.add(400, 187.5), paused.add(450, 200.0), paused.add(500, 212.5)] == [None] * 3
+    # every training run says it: the run's logger keeps a watch on its train records
+    log = RunLogger(tmp_path, tensorboard=False, progress=False)
+    for step in range(50, 400, 50):
+        log.log("train", {"step": step, "elapsed_s": step / 4.0})
+    log.log("train", {"step": 450, "elapsed_s": 287.5})
+    log.log("train", {"step": 550, "elapsed_s": 487.5})
+    log.close()
+    assert "warning: training slowed from 4.00 to 0.50 updates/s" in capsys.readouterr().err
 
 
 @pytest.mark.slow

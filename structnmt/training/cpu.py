@@ -6,7 +6,8 @@ cores with two busy processes beside it, two threads made the demo do 146 update
 minutes where one thread would have done about half the idle 1,000 (issue 28). So a run that
 may share its machine takes one thread per core that is *free now* (measured from
 ``/proc/stat`` over half a second), and a watch of the update rate says when it collapses
-anyway and what to do about it.
+anyway and what to do about it (every training run's :class:`~structnmt.training.logger.RunLogger`
+keeps one).
 """
 
 from __future__ import annotations
@@ -80,15 +81,20 @@ class StallWatch:
     """Notices when the update rate falls far below the best rate seen so far.
 
     ``add(step, seconds)`` with the run's step count and elapsed time, as often as convenient;
-    returns a warning (once) when the rate over the last stretch is below ``share`` of the best
-    stretch's, else None.
+    returns a warning (once) when the rate over ``patience`` stretches in a row is below
+    ``share`` of the best stretch's (one slow stretch may be an epoch's batch planning), else
+    None. ``restart()`` after a pause that is not training (a validation).
     """
 
-    def __init__(self, share: float = 0.35, min_steps: int = 20) -> None:
-        self.share, self.min_steps = share, min_steps
+    def __init__(self, share: float = 0.35, min_steps: int = 20, patience: int = 2) -> None:
+        self.share, self.min_steps, self.patience = share, min_steps, patience
         self.last: tuple[int, float] | None = None
         self.best = 0.0
+        self.slow = 0  # slow stretches in a row
         self.warned = False
+
+    def restart(self) -> None:
+        self.last = None
 
     def add(self, step: int, seconds: float) -> str | None:
         if self.last is None or step - self.last[0] < self.min_steps or seconds <= self.last[1]:
@@ -98,7 +104,8 @@ class StallWatch:
         rate = (step - self.last[0]) / (seconds - self.last[1])
         self.last = (step, seconds)
         self.best = max(self.best, rate)
-        if self.warned or rate >= self.share * self.best:
+        self.slow = self.slow + 1 if rate < self.share * self.best else 0
+        if self.warned or self.slow < self.patience:
             return None
         self.warned = True
         return (f"training slowed from {self.best:.2f} to {rate:.2f} updates/s: other processes are using the "

@@ -53,6 +53,9 @@ class RunLogger:
                 self._tb = SummaryWriter(log_dir=str(self.run_dir / "tensorboard"))
             except ImportError as err:  # tensorboard is a dependency, but keep training without it
                 warnings.warn(f"TensorBoard logging is off: {err}", stacklevel=2)
+        from structnmt.training.cpu import StallWatch
+
+        self._stall = StallWatch()  # says when the update rate collapses (busy cores) and what to do
         if progress and sys.stderr.isatty():
             self._bar = tqdm(total=total_steps or None, initial=initial_step, unit="step",
                              dynamic_ncols=True, leave=False)
@@ -68,7 +71,12 @@ class RunLogger:
             for key, value in record.items():
                 if key not in ("step", "epoch") and isinstance(value, (int, float)) and math.isfinite(value):
                     self._tb.add_scalar(f"{kind}/{key}", value, record["step"])
+        if kind == "train" and "step" in record and "elapsed_s" in record:
+            warning = self._stall.add(int(record["step"]), float(record["elapsed_s"]))
+            if warning:
+                self.message(f"warning: {warning}")
         if kind == "valid":
+            self._stall.restart()  # a validation is a pause, not a slow stretch
             self.message(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                   for k, v in record.items()))
 
