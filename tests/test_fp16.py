@@ -13,6 +13,8 @@ cannot be converted to type c10::Half without overflow" and the source scan name
 
 from __future__ import annotations
 
+import json
+import math
 import re
 from pathlib import Path
 
@@ -120,3 +122,32 @@ def test_beam_search_under_fp16_gives_the_fp32_output(dataset):
     same = sum(a == b for a, b in zip(lines["fp32"], lines["fp16"]))
     assert len(lines["fp32"]) == 100 and len({tuple(t) for t in lines["fp32"]}) > 50  # not a degenerate model
     assert same >= 95, f"{same} of 100 lines equal"  # 98 at commit time; the rest are near-ties
+
+
+def test_a_training_run_in_fp16_validates_saves_its_scaler_and_resumes(dataset, tmp_path):
+    """The trainer's whole path under fp16: updates, validation loss and BLEU under the autocast,
+    the scaler in the checkpoint, and a resume that carries it on."""
+    from structnmt.config import config_from_dict
+    from structnmt.data.synthetic import demo_config
+    from structnmt.training.checkpoint import load_checkpoint
+    from structnmt.training.trainer import train
+
+    raw = demo_config(dataset.parent, 0)
+    raw["data"]["subwords"]["vocab_size"] = 300
+    raw["model"].update({"enc_layers": 1, "dec_layers": 1, "d_model": 32, "n_heads": 2, "d_ff": 64})
+    raw["training"].update({"out_dir": str(tmp_path / "run"), "precision": "fp16", "device": "cpu", "max_steps": 4,
+                            "max_tokens": 400, "warmup": 2, "valid_every": 2, "valid_beam": 2, "log_every": 1,
+                            "tensorboard": False, "progress": False, "threads": 1})
+    raw["decoding"].update({"max_len_a": 1.0, "max_len_b": 5})
+    cfg = config_from_dict(raw)
+    assert train(cfg)["step"] == 4
+    scaler = load_checkpoint(tmp_path / "run" / "last.pt")["scaler"]
+    assert scaler and scaler["scale"] >= 2.0**14  # the GradScaler's state, not an empty (disabled) one
+    raw["training"]["max_steps"] = 6
+    summary = train(config_from_dict(raw), resume=True)
+    assert summary["status"] == "max_steps" and summary["step"] == 6
+    logged = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in logged if r["kind"] == "train"] == [1, 2, 3, 4, 5, 6]
+    valid = [r for r in logged if r["kind"] == "valid"]
+    assert valid and all(math.isfinite(r["loss"]) and "bleu" in r for r in valid)
+
