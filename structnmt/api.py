@@ -195,6 +195,20 @@ def average(checkpoints: Sequence[str | Path], out: str | Path) -> Path:
     return write_averaged_checkpoint(paths, _path(out, "out"))  # type: ignore[arg-type]
 
 
+def export_ctranslate2(checkpoint: str | Path, out_dir: str | Path, dataset: str | Path | None = None,
+                       quantization: str | None = None, force: bool = False) -> Path:
+    """Write a checkpoint's model as a CTranslate2 model directory (``structnmt export ctranslate2``).
+
+    Models whose translation-time network is a plain Transformer export (vanilla, and methods whose
+    plug-ins fold into plain weights); the others are refused with the reason. ``quantization``:
+    CTranslate2's weight type on disk (``int8``, ``float16``, ...; None keeps float32).
+    """
+    from structnmt.decoding.ctranslate2_export import export_ctranslate2 as export
+
+    return export(_path(checkpoint, "checkpoint"), _path(out_dir, "out_dir"),  # type: ignore[arg-type]
+                  dataset=dataset, quantization=quantization, force=force)
+
+
 def demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 20000, seed: int = 1,
          overrides: Overrides = None, verbose: bool = True, valid_size: int = 300,
          test_size: int = 500, steps: int | None = None) -> dict[str, Any]:

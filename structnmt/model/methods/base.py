@@ -157,6 +157,15 @@ class AttentionPlugin(nn.Module):
         """A term added to ``A V`` (B, H, I, d_head)."""
         return None
 
+    def fold_queries(self, weight: Tensor, bias: Tensor) -> tuple[Tensor, Tensor] | None:
+        """The query projection (d_model, d_model) and its bias of a *plain* attention that computes
+        what this plug-in computes at translation time, or None when no plain attention can.
+
+        Engines that only run a plain Transformer (``structnmt export ctranslate2``) take a model
+        whose every plug-in folds; a plug-in that reads structure or changes the softmax cannot.
+        """
+        return None
+
 
 @dataclass
 class MethodParams:

@@ -70,6 +70,17 @@ class BiaffineHeadPlugin(AttentionPlugin):
         bilinear = torch.matmul(qu, k.transpose(-1, -2)) / math.sqrt(self.d_head)
         return s.index_copy(1, idx, bilinear.to(s.dtype))
 
+    def fold_queries(self, weight: Tensor, bias: Tensor) -> tuple[Tensor, Tensor]:
+        """``(x Wᵀ + b) U = x (Uᵀ W)ᵀ + b U`` per head: the bilinear head is a dot-product head with
+        other query weights, and the loss (training only) is all that is left of the method."""
+        weight, bias = weight.clone(), bias.clone()
+        d = self.d_head
+        for u, h in zip(self.U.detach(), self.heads):
+            rows = slice(h * d, (h + 1) * d)
+            weight[rows] = u.T.to(weight.dtype) @ weight[rows]
+            bias[rows] = bias[rows] @ u.to(bias.dtype)
+        return weight, bias
+
     def probs(self, a: Tensor, ctx: AttentionContext) -> Tensor:
         heads = a.index_select(1, self.head_index(a.device))  # (B, H', I, J)
         ctx.record("dbsa", heads)
