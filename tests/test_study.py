@@ -540,7 +540,8 @@ def test_a_fresh_clone_without_data_regenerates_the_report_byte_for_byte(tmp_pat
     from structnmt.study.report import ReportError
 
     recipes = _write_recipes(tmp_path)
-    path = _study_file(tmp_path, recipes, name="clone", records=str(tmp_path / "studies" / "clone"))
+    path = _study_file(tmp_path, recipes, name="clone", records=str(tmp_path / "studies" / "clone"),
+                       long_dependency=3)  # a subset of the short synthetic sentences, for the trees below
     assert set(run_study(path)["runs"].values()) == {"done"}
     study = load_study(path)
     report = study.records / "report.md"
@@ -593,13 +594,24 @@ def test_a_fresh_clone_without_data_regenerates_the_report_byte_for_byte(tmp_pat
     old = json.loads(file.read_text())
     old["trees"]["src"] = "0" * 64
     file.write_text(json.dumps(old))
+    # a record made before tree digests were kept: its long-dependency subset tells
+    file = study.record_dir("pascal", 1) / "record.json"
+    old = json.loads(file.read_text())
+    del old["trees"]
+    lines = old["scores"]["test_longdep"]["lines"]
+    old["scores"]["test_longdep"]["lines"] = lines[1:]
+    file.write_text(json.dumps(old))
     rows = {(r["recipe"], r["seed"]): r for r in study_status(path)}
     assert rows[("pascal", 2)]["state"] == "done" and "today's trees" in rows[("pascal", 2)]["note"]
-    assert "today's trees" not in rows[("pascal", 1)]["note"]
+    assert "(src side)" in rows[("pascal", 2)]["note"] and "bring the parser" in rows[("pascal", 2)]["note"]
+    then_today = f"the long-dependency subset of test: {len(lines) - 1} sentences then, {len(lines)} today"
+    assert rows[("pascal", 1)]["state"] == "done" and then_today in rows[("pascal", 1)]["note"]
+    assert "today's trees" not in rows[("vanilla", 1)]["note"]  # reads no trees
 
     # another study with a run of the same training digest adopts its record instead of training
     twin = _study_file(tmp_path, {"vanilla": recipes["vanilla"]}, name="twin", seeds=(1,),
-                       records=str(tmp_path / "studies" / "twin"), work_dir=str(tmp_path / "twin_runs"))
+                       records=str(tmp_path / "studies" / "twin"), work_dir=str(tmp_path / "twin_runs"),
+                       long_dependency=3)
     (row,) = study_status(twin)
     assert row["state"] == "pending" and row["note"].startswith(f"will adopt {study.record_dir('vanilla', 1)}")
     assert run_study(twin, report=False)["runs"] == {"vanilla/seed1": "done"}

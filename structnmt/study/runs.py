@@ -190,20 +190,49 @@ def trees_change(study: Study, recipe: str, seed: int, record: dict[str, Any]) -
 
     The parser is named by its recipe (:func:`parser_recipe_identity`), so a parser retrained on
     another machine keeps the records current, but its trees may differ in a few arcs; a rerun
-    would then train on other trees. Records made before tree digests were kept cannot tell."""
-    if not record.get("reads_trees") or not record.get("trees"):
+    would then train on other trees. Records made before tree digests were kept are checked by
+    their long-dependency subsets, which were chosen from the trees."""
+    if not record.get("reads_trees"):
         return None
     data_dir = study.run_config(recipe, seed).data.dir
     if not (Path(data_dir) / "meta.json").is_file():
         return None
-    if data_dir not in _TREES:
-        _TREES[data_dir] = trees_digest(data_dir)
-    now = _TREES[data_dir] or {}
-    sides = [side for side, digest in record["trees"].items() if now.get(side) != digest]
-    if not sides:
-        return None
-    return (f"today's trees in {data_dir} differ from the record's ({', '.join(sides)} side): a rerun here would "
-            "train on other trees (bring the parser or the dataset the record was made with)")
+    advice = "a rerun here would train on other trees (bring the parser or the dataset the record was made with)"
+    if record.get("trees"):
+        if data_dir not in _TREES:
+            _TREES[data_dir] = trees_digest(data_dir)
+        now = _TREES[data_dir] or {}
+        sides = [side for side, digest in record["trees"].items() if now.get(side) != digest]
+        return f"today's trees in {data_dir} differ from the record's ({', '.join(sides)} side): {advice}" \
+            if sides else None
+    # older records keep no digest, but their long-dependency subsets were chosen from the trees
+    threshold = (record.get("test") or {}).get("long_dependency")
+    for scores in (record.get("scores") or {}).values() if isinstance(threshold, int) and threshold > 0 else ():
+        if "lines" in scores and "subset_of" in scores:
+            today = _long_dependency_lines(data_dir, scores["subset_of"], threshold)
+            if today is not None and today != scores["lines"]:
+                return (f"today's trees in {data_dir} differ from the record's (the long-dependency subset of "
+                        f"{scores['subset_of']}: {len(scores['lines'])} sentences then, {len(today)} today): {advice}")
+    return None
+
+
+def _long_dependency_lines(data_dir: str, split: str, threshold: int) -> list[int] | None:
+    """The 1-based lines of a split's long-dependency subset, chosen from today's stored source trees."""
+    from structnmt.data.dataset import ParallelDataset
+    from structnmt.evaluation.challenge import long_dependency_subset
+
+    key = f"{data_dir}\0{split}\0{threshold}"
+    if key not in _SUBSETS:
+        _SUBSETS[key] = None
+        with contextlib.suppress(StructNMTError, OSError):
+            data = ParallelDataset(data_dir, split)
+            if data.has("src", "heads"):
+                heads = [data.side_arrays(i, "src")["heads"].tolist() for i in range(len(data))]
+                _SUBSETS[key] = [i + 1 for i in long_dependency_subset(heads, threshold)]
+    return _SUBSETS[key]
+
+
+_SUBSETS: dict[str, list[int] | None] = {}
 
 
 def adoptable(study: Study, recipe: str, seed: int) -> Path | None:
