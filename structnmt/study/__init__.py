@@ -142,9 +142,10 @@ def _time_left(rows: list[dict[str, Any]], jobs: int = 1) -> str:
     for seconds in each:
         places[places.index(min(places))] += seconds
     wall = f", {max(places) / 3600:.1f} h with {jobs} at a time" if jobs > 1 else ""
-    from_logs = sum(r.get("seconds_left") is not None for r in running)
-    busy = f" ({len(running)} running" + (f", {from_logs} with its time left from its log" if from_logs else "") + \
-        ")" if running else ""
+    busy = ""
+    if running:
+        from_logs = sum(r.get("seconds_left") is not None for r in running)
+        busy = f" ({len(running)} running{f', {from_logs} with its time left from its log' if from_logs else ''})"
     return (f"{len(todo)} run(s) not done{busy}; at the finished runs' median of {median / 60:.0f} min each, "
             f"about {sum(each) / 3600:.1f} h of runs{wall} at that pace (less for a run that resumes)")
 
