@@ -39,7 +39,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import common  # noqa: E402
-from bench_train import BASE_CONFIG, plain_dataset  # noqa: E402
+from bench_train import BASE_CONFIG, PLAIN_OVERRIDES, plain_dataset  # noqa: E402
 
 JOEY_ENV = common.ENVS / "joey"
 WORK = common.ENVS / "joey-run"
@@ -178,19 +178,25 @@ def joey_decode(python: Path, config: Path, threads: int, checkpoint: str | None
 
 
 def structnmt_train(dataset: Path, steps: int, log_every: int, threads: int,
-                    max_tokens: int, precision: str = "auto") -> tuple[float, int, Path]:
-    run = WORK / ("structnmt" if precision == "auto" else f"structnmt_{precision}")
-    sets = {"training.precision": precision, "data.dir": dataset, "training.out_dir": run, "training.max_steps": steps,
+                    max_tokens: int, precision: str = "auto", config: str = BASE_CONFIG,
+                    work: Path = WORK) -> tuple[float, int, Path]:
+    """``structnmt train`` as a user runs it, on the parse-free dataset: the recipe's data section
+    with the parse-free settings too, or the dataset's fingerprint check refuses the run."""
+    run = work / ("structnmt" if precision == "auto" else f"structnmt_{precision}")
+    plain = PLAIN_OVERRIDES if config == BASE_CONFIG else {}
+    sets = {**plain, "training.precision": precision, "data.dir": dataset, "training.out_dir": run,
+            "training.max_steps": steps,
             "training.log_every": log_every, "training.valid_every": 0, "training.valid_bleu": "false",
             "training.tensorboard": "false", "training.progress": "false", "training.threads": threads,
             "training.max_minutes": 0, "training.device": "cpu", "training.max_tokens": max_tokens}
-    cmd = [sys.executable, "-m", "structnmt.training.trainer", BASE_CONFIG]
+    cmd = [sys.executable, "-m", "structnmt.cli.main", "train", config]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
     shutil.rmtree(run, ignore_errors=True)
-    result = common.run_command(cmd, env=thread_env(threads), log=WORK / f"{run.name}_train.out")
+    work.mkdir(parents=True, exist_ok=True)
+    result = common.run_command(cmd, env=thread_env(threads), log=work / f"{run.name}_train.out")
     if result.returncode != 0:
-        sys.exit(f"error: structnmt training failed (see {WORK / f'{run.name}_train.out'}):\n{result.output[-3000:]}")
+        sys.exit(f"error: structnmt training failed (see {work / f'{run.name}_train.out'}):\n{result.output[-3000:]}")
     rates = []
     for line in (run / "log.jsonl").read_text(encoding="utf-8").splitlines():
         record = json.loads(line)
@@ -222,6 +228,17 @@ def structnmt_decode(checkpoint: str, dataset: str, split: str, beam: int, decod
     return {"seconds": seconds, "sentences": len(hyps), "pieces": mean_pieces(hyps, Path(dataset) / "spm.model")}
 
 
+def smoke(work: Path) -> int:
+    """structnmt's half of the benchmark on the smoke task: the training command and the decoding
+    function the real run uses, a few steps and sentences."""
+    config, dataset = common.smoke_task(work)
+    tps, rss, last = structnmt_train(dataset, 4, 2, 1, 512, config=str(config), work=work)
+    decoded = structnmt_decode(str(last), str(dataset), "test", 5, 2000, 1, 5)
+    print(f"smoke: structnmt trained at {tps:.0f} target tokens/s (peak RSS {common.mib(rss)}), decoded "
+          f"{decoded['sentences']} sentences in {decoded['seconds']:.2f} s")
+    return 0
+
+
 # ---------------------------------------------------------------------------
 
 
@@ -242,7 +259,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="also train structnmt in fp32 (Joey NMT trains in fp32 on a CPU; structnmt's "
                              "default precision 'auto' is bf16 on CPUs with native bf16)")
     parser.add_argument("--name", default="joey", help="report: benchmarks/results/NAME.md")
+    parser.add_argument("--smoke", metavar="DIR",
+                        help=common.SMOKE_HELP + ": structnmt's side only (Joey NMT's environment is a 1.6 GB "
+                             "install), in DIR")
     args = parser.parse_args(argv)
+    if args.smoke:
+        return smoke(Path(args.smoke))
     if args.skip_train and not (args.checkpoint and args.joey_checkpoint):
         parser.error("--skip-train needs --checkpoint and --joey-checkpoint")
 

@@ -182,6 +182,21 @@ def processes(args: argparse.Namespace, scratch: Path) -> tuple[str, str]:
         common.markdown_table(["pairs", "processes", "seconds", "lines/s"], rows)
 
 
+def smoke_corpus(work: Path) -> Path:
+    """The synthetic task's training pairs in Multi30k's file layout (what ``--data`` reads)."""
+    from structnmt.data.synthetic import write_task
+
+    out = work / "corpus"
+    if not (out / "train.de.gz").is_file():
+        write_task(work / "task", sizes={"train": 300, "val": 10, "test": 10}, seed=2)
+        out.mkdir(parents=True, exist_ok=True)
+        for ours, theirs in (("src", "en"), ("tgt", "de")):
+            text = (work / "task" / f"train.{ours}").read_text(encoding="utf-8")
+            with gzip.open(out / f"train.{theirs}.gz", "wt", encoding="utf-8") as handle:
+                handle.write(text)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -196,7 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", type=Path, default=MULTI30K, help="Multi30k directory (default: %(default)s)")
     parser.add_argument("--scratch", type=Path, default=common.ENVS / "bench_prepare")
     parser.add_argument("--name", help="report: benchmarks/results/NAME.md (default: prepare_MODE)")
+    parser.add_argument("--smoke", metavar="DIR", type=Path,
+                        help=common.SMOKE_HELP + ": the mode on a few hundred pairs in DIR")
     args = parser.parse_args(argv)
+    if args.smoke:
+        args.data, args.scratch, args.sizes, args.jobs, args.repeats = smoke_corpus(args.smoke), args.smoke, \
+            [150, 300], 2, 1
     if not (args.data / "train.en.gz").is_file():
         print(f"error: {args.data}: no Multi30k here (train.en.gz)", file=sys.stderr)
         return 2

