@@ -1,7 +1,8 @@
 """Every script in ``benchmarks/`` runs end to end in its smoke mode, so that a change that breaks
 one fails here and not on the day someone needs the figure (``bench_joey.py`` once failed for
 months: its structnmt run missed the parse-free data section and the fingerprint check refused
-it; its smoke run, which goes through the same training command, fails on that code).
+it; ``test_bench_joeys_structnmt_run_on_the_parse_free_multi30k`` runs that very path and fails
+on the old code with "was prepared from another data section").
 
 Each script runs as the user runs it (a separate process, from the repository root), on the
 built-in synthetic task or a few lines of text, with its report written to a temporary
@@ -45,6 +46,28 @@ def test_bench_train_smoke(work):
 def test_bench_decode_smoke(work):
     out = run("bench_decode.py", "--smoke", work / "task", tmp=work)
     assert "CTranslate2 int8" in out and (work / "results" / "decode.md").is_file()
+
+
+@pytest.mark.shared
+def test_bench_joeys_structnmt_run_on_the_parse_free_multi30k(work):
+    """The real run's structnmt half, as the script builds it: the base recipe, the parse-free
+    copy of its data (prepared into a temporary directory), four updates."""
+    from tests.conftest import shared_path
+
+    shared_path("data", "multi30k", "train.en.gz")
+    sys.path.insert(0, str(BENCH))
+    try:
+        import bench_joey
+        import bench_train
+    finally:
+        sys.path.remove(str(BENCH))
+    from structnmt.config import load_config
+    from structnmt.data.prepare import prepare
+
+    dataset = prepare(load_config(bench_train.BASE_CONFIG, {**bench_train.PLAIN_OVERRIDES,
+                                                            "data.dir": str(work / "plain")}), verbose=False)
+    tokens_per_s, _, last = bench_joey.structnmt_train(dataset, 4, 2, 1, 1024, work=work / "joey")
+    assert tokens_per_s > 0 and last.is_file()
 
 
 def test_bench_joey_smoke_runs_structnmts_side(work):
