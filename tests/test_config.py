@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+import structnmt
 from structnmt.config import config_from_dict, load_config
 from structnmt.errors import ConfigError
 from structnmt.model.methods import validate_method_configs
@@ -66,3 +67,20 @@ def test_config_module_does_not_import_the_model():
             "print(any(m.startswith(('structnmt.model', 'torch')) for m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+def test_method_layers_are_checked_against_the_stack_where_the_method_acts():
+    """A decoder-side DBSA head on a decoder deeper than the encoder: accepted (it was refused as
+    'outside the encoder's layers 1..3'); a layer past the decoder is refused naming the decoder."""
+    deep_decoder = {"model.dec_layers": 6}
+    cfg = structnmt.load_config("configs/multi30k_en_fr_dbsa.yaml", {
+        **deep_decoder, "model.methods": [{"name": "dbsa", "sides": ["tgt"], "layers": [5], "heads": [0]}]})
+    assert cfg.model.methods[0]["layers"] == [5]
+    past_decoder = "layer 7 is outside the decoder's layers 1..6"
+    for entry, message in (
+        ({"name": "dbsa", "sides": ["tgt"], "layers": [7], "heads": [0]}, past_decoder),
+        ({"name": "lpsi", "sides": ["tgt"], "layers": [7]}, past_decoder),
+        ({"name": "deps_san", "layers": [5]}, "layer 5 is outside the encoder's layers 1..3"),
+    ):
+        with pytest.raises(ConfigError, match=f"model.methods.0..layers: {message}"):
+            structnmt.load_config("configs/multi30k_en_fr_dbsa.yaml", {**deep_decoder, "model.methods": [entry]})

@@ -52,20 +52,22 @@ def _parse(entry: dict[str, Any], model_cfg: Any, where: str) -> Method:
         raise ConfigError(f"unknown method {name!r} (known: {', '.join(sorted(METHODS))})", f"{where}.name")
     cls = METHODS[name]
     params = from_dict(cls.Params, dict(entry), where)
-    depth = {"encoder": model_cfg.enc_layers, "decoder": model_cfg.dec_layers}[params.stack]
     if params.stack == "encoder" and params.attention == "cross":
         raise ConfigError("the encoder has no cross-attention", f"{where}.attention")
-    for layer in params.layers:
-        if not 1 <= layer <= depth:
-            raise ConfigError(
-                f"layer {layer} is outside the {params.stack}'s layers 1..{depth}", f"{where}.layers"
-            )
     try:
         method = cls(params, model_cfg)
     except ConfigError as err:
         if err.field and not err.field.startswith(where):
             raise ConfigError(str(err).split(": ", 1)[-1], f"{where}.{err.field}") from None
         raise
+    # layers are checked where the method acts (its sites), against that stack's depth: a
+    # method placed by ``sides`` (DBSA, LPSI, ...) ignores ``stack``
+    depths = {"encoder": model_cfg.enc_layers, "decoder": model_cfg.dec_layers}
+    for site in method.sites():
+        depth = depths[site.stack]
+        if not 0 <= site.layer < depth:
+            raise ConfigError(f"layer {site.layer + 1} is outside the {site.stack}'s layers 1..{depth}",
+                              f"{where}.layers")
     for head in method.head_list():
         if not 0 <= head < model_cfg.n_heads:
             raise ConfigError(f"head {head} is outside 0..{model_cfg.n_heads - 1}", f"{where}.heads")
