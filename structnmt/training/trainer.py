@@ -39,7 +39,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from torch import nn
 
 from structnmt.config import ExperimentConfig, to_dict, with_overrides
@@ -47,7 +46,7 @@ from structnmt.data.batch import Batch
 from structnmt.errors import CheckpointError, ConfigError, DataError
 from structnmt.locks import DirectoryLock
 from structnmt.training import distributed as D
-from structnmt.training.checkpoint import dataset_fingerprint, load_checkpoint, write_averaged_checkpoint
+from structnmt.training.checkpoint import dataset_fingerprint, load_checkpoint
 from structnmt.training.checkpoint_policy import (
     check_resumable,
     resume_point,
@@ -484,38 +483,3 @@ def train(cfg: ExperimentConfig, resume: bool = False,
         return trainer.run(resume=resume)
     finally:
         D.shutdown()
-
-
-def average(paths: list[str | Path], out: str | Path) -> Path:
-    """Average the weights of several checkpoints of one run into ``out``."""
-    return write_averaged_checkpoint(paths, out)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m structnmt.training.trainer CONFIG.yaml [--resume] [--set key=value ...]``."""
-    import argparse
-
-    from structnmt.config import load_config, parse_overrides
-    from structnmt.errors import StructNMTError
-    from structnmt.model.methods import validate_method_configs
-
-    parser = argparse.ArgumentParser(prog="python -m structnmt.training.trainer", description=main.__doc__)
-    parser.add_argument("config")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue from the run's newest good checkpoint")
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override a config field (YAML value), e.g. training.max_steps=100")
-    args = parser.parse_args(argv)
-    try:
-        cfg = load_config(args.config, parse_overrides(args.set))
-        validate_method_configs(cfg.model, cfg.path)
-        summary = train(cfg, resume=args.resume)
-    except StructNMTError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print(yaml.safe_dump(summary, sort_keys=False), end="")
-    return exit_status(summary)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
