@@ -15,8 +15,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from structnmt.config import DecodingConfig
 from structnmt.data.batch import BOS_ID, EOS_ID, PAD_ID, Batch
 from structnmt.model.transformer import EncoderOutput, Transformer
+
+#: the defaults of every search function are the config's (``decoding:``), written once
+_DEFAULTS = DecodingConfig
 
 
 @dataclass
@@ -43,7 +47,8 @@ def _encode(model: Transformer, batch: Batch) -> EncoderOutput:
 
 @torch.no_grad()
 def greedy_search(model: Transformer, batch: Batch, length_penalty_alpha: float = 0.0,
-                  max_len_a: float = 1.5, max_len_b: int = 10) -> list[list[Hypothesis]]:
+                  max_len_a: float = _DEFAULTS.max_len_a,
+                  max_len_b: int = _DEFAULTS.max_len_b) -> list[list[Hypothesis]]:
     model.eval()
     enc = _encode(model, batch)
     n = batch.src.size(0)
@@ -82,8 +87,10 @@ def greedy_search(model: Transformer, batch: Batch, length_penalty_alpha: float 
 
 
 @torch.no_grad()
-def beam_search(model: Transformer, batch: Batch, beam: int = 5, length_penalty_alpha: float = 0.6,
-                max_len_a: float = 1.5, max_len_b: int = 10, nbest: int = 1) -> list[list[Hypothesis]]:
+def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
+                length_penalty_alpha: float = _DEFAULTS.length_penalty,
+                max_len_a: float = _DEFAULTS.max_len_a, max_len_b: int = _DEFAULTS.max_len_b,
+                nbest: int = _DEFAULTS.nbest) -> list[list[Hypothesis]]:
     model.eval()
     device = batch.src.device
     enc = _encode(model, batch)
@@ -157,8 +164,10 @@ def beam_search(model: Transformer, batch: Batch, beam: int = 5, length_penalty_
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
 
 
-def translate_batch(model: Transformer, batch: Batch, beam: int = 5, length_penalty: float = 0.6,
-                    max_len_a: float = 1.5, max_len_b: int = 10, nbest: int = 1) -> list[list[Hypothesis]]:
+def translate_batch(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
+                    length_penalty: float = _DEFAULTS.length_penalty,
+                    max_len_a: float = _DEFAULTS.max_len_a, max_len_b: int = _DEFAULTS.max_len_b,
+                    nbest: int = _DEFAULTS.nbest) -> list[list[Hypothesis]]:
     """Beam search for ``beam > 1``, greedy decoding for ``beam == 1``; the model's mode is restored."""
     was_training = model.training
     try:
