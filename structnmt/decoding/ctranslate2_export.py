@@ -13,6 +13,7 @@ converter classes are used, never a copy of them.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,9 @@ def export_ctranslate2(checkpoint: str | Path, out_dir: str | Path, dataset: str
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent))
     try:
+        umask = os.umask(0)
+        os.umask(umask)
+        tmp.chmod(0o777 & ~umask)  # mkdtemp's 0700 would follow the model to OUT_DIR
         spec.save(str(tmp))
         replace_dir(tmp, out)  # a crash leaves no half-written model under OUT_DIR's name
     finally:
