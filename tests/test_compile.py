@@ -3,10 +3,10 @@ state-dict keys, counts its compilations, and falls back to eager with one line 
 fails. On the synthetic task (no download), a tiny model, bf16 autocast as on the CPUs that train.
 
 Checked against the bugs: compiling with inductor's own random kernels (``fallback_random``
-off) draws other dropout masks, and the loss comparison fails from the first update (0.3-0.5
-apart); compiling the module instead of a function of it (``torch.compile(model)``) saves
-``_orig_mod.``-prefixed keys and the key test fails; and with the model's ``bool(pad.any())``
-host checks left in, dynamo splits the graph at each of them and the graph-count test fails.
+off) draws other dropout masks, the losses move 3e-3 apart (relative) and the comparison
+fails; compiling the module instead of a function of it (``torch.compile(model)``) would save
+``_orig_mod.``-prefixed keys, which the key check refuses; with the model's ``bool(pad.any())``
+host checks left in, dynamo splits the graph at each of them (six graphs for one call).
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ def test_compiled_training_gives_the_eager_losses_with_few_graphs_and_eager_keys
     before = C.graphs_compiled()
     compiled, updater = _train(dataset, "on", 6)
     assert updater.compiled, updater.compile_reason
-    # bf16 matmuls in another order: per-token losses agree to bf16's precision, and stay
-    # together over six updates of training (a different dropout mask would be 0.3+ apart)
-    assert compiled == pytest.approx(eager, rel=2e-2)
+    # bf16 matmuls in another order: the losses agree far inside bf16's precision (measured:
+    # 7e-5 apart over four updates; 1e-7 in fp32); other dropout masks put them 3e-3 apart
+    assert compiled == pytest.approx(eager, rel=1e-3)
     assert compiled[-1] < compiled[0]
     # token-count batches of several shapes: one graph, one more when the shapes turn symbolic,
     # not one per shape (the model has no host syncs left that split the graph under compile)
@@ -73,7 +73,7 @@ def test_a_method_with_an_auxiliary_loss_compiles_too(dataset):
     eager, _ = _train(dataset, "off", 3, same_batch=True, methods=dbsa)
     compiled, updater = _train(dataset, "on", 3, same_batch=True, methods=dbsa)
     assert updater.compiled
-    assert compiled == pytest.approx(eager, rel=2e-2)
+    assert compiled == pytest.approx(eager, rel=1e-3)
 
 
 def test_a_compiler_failure_falls_back_to_eager_with_one_line(dataset, monkeypatch):
