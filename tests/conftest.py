@@ -23,3 +23,13 @@ def shared_path(*parts: str) -> Path:
 def _seed_and_threads():
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors: one thread is faster than two fighting over a shared machine; the count is
+    left as it was found. A module asks for it with ``pytestmark = pytest.mark.usefixtures(...)``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

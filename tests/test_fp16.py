@@ -41,13 +41,7 @@ FP16_MAX = float(torch.finfo(torch.float16).max)
 NUMBER = re.compile(r"(?<![\w.])(\d+(?:\.\d*)?[eE][+-]?\d+)")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny tensors: one thread is faster than two fighting over a shared machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

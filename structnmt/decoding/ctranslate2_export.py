@@ -23,6 +23,8 @@ import torch
 
 from structnmt.data.pipeline import Preprocessor
 from structnmt.errors import CheckpointError, ConfigError
+from structnmt.model.attention import MultiHeadAttention
+from structnmt.model.methods.base import AttentionPlugin
 from structnmt.model.transformer import Transformer
 
 
@@ -37,7 +39,6 @@ def require_ctranslate2() -> Any:
 
 def why_not_exportable(model: Transformer) -> str | None:
     """Why ``model`` cannot run as a plain Transformer at translation time, or None."""
-    cfg = model.cfg
     for method in model.methods:
         if method.needs_at_inference:
             fields = sorted({f for fs in method.needs_at_inference.values() for f in fs})
@@ -45,18 +46,13 @@ def why_not_exportable(model: Transformer) -> str | None:
                     "a plain Transformer, which has no input for structure")
         if method.embedding_module() is not None:
             return f"method {method.name!r} changes the embeddings, which a plain Transformer cannot hold"
-    for layers in (model.encoder, model.decoder):
-        for layer in layers:
-            attentions = [layer.self_attn] + ([layer.cross_attn] if hasattr(layer, "cross_attn") else [])
-            for attention in attentions:
-                for plugin in attention.plugins:
-                    probe = torch.zeros(cfg.d_model, cfg.d_model), torch.zeros(cfg.d_model)
-                    if plugin.fold_queries(*probe) is None:
-                        method = type(plugin).__module__.rsplit(".", 1)[-1]
-                        site = attention.site
-                        return (f"method {method!r} changes attention at translation time ({site.stack} "
-                                f"{site.attention}-attention, layer {site.layer + 1}); CTranslate2 runs plain "
-                                "dot-product attention")
+    for attention in (m for m in model.modules() if isinstance(m, MultiHeadAttention)):
+        for plugin in attention.plugins:
+            if type(plugin).fold_queries is AttentionPlugin.fold_queries:  # the base's: cannot fold
+                method, site = type(plugin).__module__.rsplit(".", 1)[-1], attention.site
+                return (f"method {method!r} changes attention at translation time ({site.stack} "
+                        f"{site.attention}-attention, layer {site.layer + 1}); CTranslate2 runs plain "
+                        "dot-product attention")
     return None
 
 

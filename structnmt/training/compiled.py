@@ -21,8 +21,8 @@ eager there and ``on`` asks for it explicitly.
 
 from __future__ import annotations
 
+import os
 import shutil
-import sys
 from collections.abc import Callable
 from typing import Any
 
@@ -36,11 +36,7 @@ def compile_unavailable(device: torch.device) -> str | None:
     """Why ``torch.compile`` cannot run on ``device`` here, or None."""
     if not hasattr(torch, "compile"):
         return "this torch has no torch.compile"
-    if sys.version_info >= (3, 14) and torch.__version__ < "2.9":
-        return f"torch {torch.__version__} cannot compile on Python {sys.version_info[0]}.{sys.version_info[1]}"
     if device.type == "cpu":
-        import os
-
         compiler = os.environ.get("CXX") or "g++"
         if shutil.which(compiler) is None and shutil.which("clang++") is None:
             return f"inductor's CPU kernels need a C++ compiler, and {compiler!r} is not on PATH"

@@ -84,8 +84,11 @@ class Updater:
 
     def update(self, batches: list[Batch]) -> UpdateStats:
         """One update; the first compiled one falls back to eager if the compiler fails."""
-        if not self.compiled or self._compile_proven:
+        if not self.compiled:
             return self._update(batches)
+        before = graphs_compiled()
+        if self._compile_proven:
+            return self._counted(self._update(batches), before)
         rng = torch.get_rng_state()
         try:
             stats = self._update(batches)
@@ -100,12 +103,17 @@ class Updater:
             torch.set_rng_state(rng)
             return self._update(batches)
         self._compile_proven = True
+        return self._counted(stats, before)
+
+    @staticmethod
+    def _counted(stats: UpdateStats, before: int) -> UpdateStats:
+        """``stats`` with the graphs compiled since ``before`` (applied or skipped update alike)."""
+        stats.compiled = graphs_compiled() - before
         return stats
 
     def _update(self, batches: list[Batch]) -> UpdateStats:
         self.wrapped.train()
         self.optimizer.zero_grad(set_to_none=True)
-        before = graphs_compiled() if self.compiled else 0
         batches = [b.to(self.device, non_blocking=True) for b in batches]
         local_tokens = sum(b.n_tgt_tokens for b in batches)
         global_tokens = D.all_reduce_sum([float(local_tokens)], self.device)[0]
@@ -149,7 +157,6 @@ class Updater:
         self.scaler.update()
         self.scheduler.step()
         stats.applied = True
-        stats.compiled = graphs_compiled() - before if self.compiled else 0
         return stats
 
     def state_dict(self) -> dict[str, Any]:
