@@ -68,6 +68,7 @@ def recipes(tmp_path_factory) -> dict[str, Path]:
     ({"colour": "red"}, "colour"),
     ({"recipes": [{"name": "vanilla", "config": "base.yaml", "seeds": [1, 1.5]}]}, "recipes[0].seeds[1]"),
     ({"recipes": [{"name": "vanilla", "config": "base.yaml", "seeds": []}]}, "recipes[0].seeds"),
+    ({"test_checkpoint": "average"}, "test_checkpoint"),
 ])
 def test_a_bad_study_file_names_the_field(recipes, tmp_path, change, field):
     path = _study_file(tmp_path, recipes)
@@ -386,14 +387,36 @@ def test_the_submitit_path_runs_a_study_with_its_local_executor(recipes, tmp_pat
     assert any((study.work_dir / "submitit").rglob("*_result.pkl"))
 
 
-@pytest.mark.parametrize("name", ["multi30k_en_de", "multi30k_en_fr", "syncattn_lambda"])
-def test_the_committed_study_files_are_valid(name, monkeypatch):
+@pytest.mark.parametrize("name, budget", [("multi30k_en_de", 1200), ("multi30k_en_fr", 1200),
+                                          ("syncattn_lambda", 1200), ("multi30k_en_de_converged", 3200)])
+def test_the_committed_study_files_are_valid(name, budget, monkeypatch):
     monkeypatch.chdir(ROOT)  # recipes are named from the project's root
     study = load_study(Path("studies") / f"{name}.yaml")
-    assert study.max_steps == 1200 and study.runs()[0][0] == study.baseline
+    assert study.max_steps == budget and study.runs()[0][0] == study.baseline
     for recipe in study.recipes:  # every run trains exactly the budget, no wall-clock stop
         cfg = study.run_config(recipe.name, study.seeds[0])
-        assert (cfg.training.max_steps, cfg.training.max_minutes) == (1200, 0)
+        assert (cfg.training.max_steps, cfg.training.max_minutes) == (budget, 0)
+
+
+@pytest.mark.slow
+def test_a_study_can_test_every_run_on_the_checkpoint_its_validation_picks(recipes, tmp_path):
+    from structnmt.evaluation.run_eval import evaluate_run
+
+    path = _study_file(tmp_path, {"vanilla": recipes["vanilla"]}, seeds=(1,), max_steps=30, test_checkpoint="best",
+                       overrides={"training.lr": 3e-2})  # a rate that overshoots: the best is not the last
+    study = load_study(path)
+    cfg = study.run_config("vanilla", 1)
+    assert study.test_view(cfg)["checkpoint"] == {"rule": "best", "valid_every": 10, "valid_beam": 1, "metric": "bleu"}
+    # the default adds nothing to the test view, so records made before the rule existed stand
+    assert "checkpoint" not in load_study(_study_file(tmp_path, recipes, name="plain")).test_view(cfg)
+    assert run_study(path)["runs"] == {"vanilla/seed1": "done"}
+    record = json.loads((study.record_dir("vanilla", 1) / "record.json").read_text())
+    assert record["checkpoint"] == "best.pt" and record["test"]["checkpoint"]["rule"] == "best"
+    run_dir = study.run_dir("vanilla", 1)
+    best = evaluate_run(run_dir, checkpoint=str(run_dir / "best.pt"), splits=["test"], quiet=True,
+                        decoding=cfg.decoding)["test"]["bleu"]
+    assert record["scores"]["test"]["bleu"] == best
+    assert "best validation score" in Path(write_report(study)).read_text()
 
 
 def test_threads_per_run_never_oversubscribe_the_cores(monkeypatch):

@@ -300,6 +300,12 @@ def summary_legend(baseline: str, table: dict[str, dict[str, dict[str, Any]]]) -
             "from the baseline's with p < 0.05 by the seed-pooled bootstrap (below; it does not change the verdict).")
 
 
+def _tested_on(study: Study) -> str:
+    if study.test_checkpoint == "best":
+        return "the checkpoint with its best validation score (`best.pt`)"
+    return "its last checkpoint"
+
+
 def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[str, Any]]],
            picture: Path | None, out: Path, report_flags: str = "--report") -> str:
     records = data["records"]
@@ -309,7 +315,7 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
     damaged = f", {len(data['damaged'])} damaged" if data.get("damaged") else ""
     lines += [f"{len(all_records)} of {n_runs} runs recorded ({len(data['failed'])} failed, "
               f"{len(data['missing'])} pending, {len(data['stale'])} stale{damaged}). Every run trains exactly "
-              f"{study.max_steps} updates and is tested on its last checkpoint with beam search.", ""]
+              f"{study.max_steps} updates and is tested on {_tested_on(study)} with beam search.", ""]
     lines += ["## Commands", "", "```sh",
               f"structnmt study {study.path}            # runs what is missing, then writes this report",
               f"structnmt study {study.path} --status   # where every run stands",

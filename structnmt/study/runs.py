@@ -162,7 +162,7 @@ def stale_reason(study: Study, recipe: str, seed: int, record: dict[str, Any]) -
     """Why a record no longer stands for today's run, or None when it does.
 
     Three things decide it: the training view of the config (what the final weights depend
-    on), the test view (decoding, test sets: a change re-tests the last checkpoint when it is
+    on), the test view (decoding, test sets: a change re-tests the tested checkpoint when it is
     still there), and, when the dataset is on this machine, the identity of what the run reads.
     """
     from structnmt.training.checks import config_differences
@@ -429,7 +429,11 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
         raise RuntimeError(f"training stopped at step {summary['step']} ({summary['status']}), "
                            f"before the study's {study.max_steps} updates")
     started = time.time()
-    scores = evaluate_run(run_dir, checkpoint=str(run_dir / "last.pt"), splits=study.test_sets, quiet=True,
+    checkpoint = f"{study.test_checkpoint}.pt"
+    if not (run_dir / checkpoint).is_file():
+        raise RuntimeError(f"{run_dir / checkpoint} is missing: the study tests every run on its "
+                           f"{study.test_checkpoint} checkpoint")
+    scores = evaluate_run(run_dir, checkpoint=str(run_dir / checkpoint), splits=study.test_sets, quiet=True,
                           long_dependency=study.long_dependency, decoding=cfg.decoding)
     test_seconds = time.time() - started
     run_info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
@@ -450,7 +454,7 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
         "calls": read_calls(run_dir), "cpu_info": cpu_info(), "versions": versions(), "git_commit": git_commit(),
         "corpora": corpora_digests(cfg.data.dir), "references": reference_digests(cfg.data.dir, scores),
         "trees": trees_digest(cfg.data.dir) if trees else None,
-        "checkpoint": "last.pt",
+        "checkpoint": checkpoint,
         "valid": [{"step": r["step"], "loss": r.get("loss"), "bleu": r.get("bleu")} for r in valid],
         "scores": {name: {k: s[k] for k in ("bleu", "chrf", "signature", "bleu_parts", "sentences", "truncated_lines",
                                               "subset_of", "lines") if k in s}

@@ -6,6 +6,7 @@ baseline: transformer
 seeds: [1, 2]
 max_steps: 1200                # every run trains exactly this many updates (no wall-clock stop)
 test_sets: [test_2016_flickr]  # default: every split but train and valid
+test_checkpoint: last          # last | best (the checkpoint its validation BLEU picks)
 overrides: {training.valid_every: 400}          # for every run
 recipes:
   - {name: transformer, config: configs/multi30k_en_de_transformer.yaml}
@@ -39,7 +40,7 @@ from structnmt.config import ExperimentConfig, load_config, to_dict
 from structnmt.errors import ConfigError
 
 STUDY_FIELDS = {"name", "baseline", "seeds", "max_steps", "test_sets", "overrides", "recipes", "records",
-                "work_dir", "executor", "slurm", "long_dependency"}
+                "work_dir", "executor", "slurm", "long_dependency", "test_checkpoint"}
 RECIPE_FIELDS = {"name", "config", "overrides", "seeds"}
 EXECUTOR_FIELDS = {"kind", "jobs", "threads", "nice"}
 SLURM_FIELDS = {"partition", "time_min", "gpus_per_run", "cpus_per_run", "mem_gb", "options", "max_requeue"}
@@ -87,6 +88,7 @@ class Study:
     executor: ExecutorSpec = field(default_factory=ExecutorSpec)
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     long_dependency: int = 7
+    test_checkpoint: str = "last"  # last | best: the checkpoint every run is tested on, one rule for all
 
     def recipe(self, name: str) -> Recipe:
         return next(r for r in self.recipes if r.name == name)
@@ -117,8 +119,14 @@ class Study:
 
     def test_view(self, cfg: ExperimentConfig) -> dict[str, Any]:
         """What decides a run's test scores once its weights are fixed: decoding and test sets."""
-        return {"decoding": json.loads(json.dumps(to_dict(cfg.decoding), default=str)),
+        view = {"decoding": json.loads(json.dumps(to_dict(cfg.decoding), default=str)),
                 "test_sets": self.test_sets, "long_dependency": self.long_dependency}
+        if self.test_checkpoint != "last":  # absent at the default: older records keep their view
+            # validation then picks the tested weights, so how it validates is part of testing
+            t = cfg.training
+            view["checkpoint"] = {"rule": self.test_checkpoint, "valid_every": t.valid_every,
+                                  "valid_beam": t.valid_beam, "metric": t.early_stopping_metric}
+        return view
 
     def run_config(self, recipe: str, seed: int) -> ExperimentConfig:
         """The recipe's config with the study's and the recipe's overrides, its seed and the
@@ -148,6 +156,12 @@ def _int(value: Any, where: str, path: Path, minimum: int = 0) -> int:
         raise ConfigError(f"expected an integer, got {value!r}", where, path)
     if value < minimum:
         raise ConfigError(f"must be at least {minimum}, got {value}", where, path)
+    return value
+
+
+def _test_checkpoint(value: Any, path: Path) -> str:
+    if value not in ("last", "best"):
+        raise ConfigError(f"must be last or best, got {value!r}", "test_checkpoint", path)
     return value
 
 
@@ -246,6 +260,7 @@ def load_study(path: str | Path) -> Study:
         work_dir=Path(raw.get("work_dir") or f"runs/study_{name}"),
         executor=ex, slurm=SlurmSpec(**slurm),
         long_dependency=_int(raw.get("long_dependency", 7), "long_dependency", path),
+        test_checkpoint=_test_checkpoint(raw.get("test_checkpoint", "last"), path),
     )
     # every run's config, validated now: an unknown field in an override names its recipe
     datasets: dict[str, tuple[str, dict]] = {}
