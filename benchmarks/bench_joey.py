@@ -79,7 +79,7 @@ def write_joey_inputs(dataset: Path, work: Path, steps: int, log_every: int, dec
     import sentencepiece as spm
     import yaml
 
-    from structnmt.config import load_config
+    from structnmt import load_config
 
     base = load_config(BASE_CONFIG)
     m, t = base.model, base.training

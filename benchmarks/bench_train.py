@@ -52,7 +52,7 @@ PLAIN_OVERRIDES = {"data.src.parser.backend": "none", "data.src.scenes": "none",
 
 def plain_dataset(config: str = BASE_CONFIG) -> Path:
     """The base recipe's data without parses: what vanilla and Joey NMT train on."""
-    from structnmt.config import load_config
+    from structnmt import load_config
     from structnmt.data.prepare import prepare
 
     cfg = load_config(config, PLAIN_OVERRIDES)
@@ -123,7 +123,7 @@ def build_variant(name: str, recipe: str, dataset: Path, training: Any, device: 
     """Model and optimiser of one recipe; training hyper-parameters are vanilla's for all."""
     import torch
 
-    from structnmt.config import load_config
+    from structnmt import load_config
     from structnmt.data.pipeline import Preprocessor
     from structnmt.model.transformer import Transformer
     from structnmt.training.trainer import Updater, vocab_sizes
@@ -213,7 +213,7 @@ def vanilla_training(config: str, dataset: str, steps: int, warmup: int, threads
     """Vanilla training in this process (the memory probe): target tokens/s of the timed part."""
     import torch
 
-    from structnmt.config import load_config
+    from structnmt import load_config
     from structnmt.data.dataset import ParallelDataset
 
     common.set_threads(threads)
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from structnmt.config import load_config
+    from structnmt import load_config
     from structnmt.data.dataset import ParallelDataset
     from structnmt.errors import StructNMTError
 

@@ -66,11 +66,9 @@ def load_config(path: str | Path, overrides: Overrides = None) -> ExperimentConf
     ``overrides`` are dotted keys set after reading: ``{"training.max_steps": 100}`` or
     ``["training.max_steps=100"]``. Errors name the file and the field.
     """
-    from structnmt.model.methods import validate_method_configs
+    import structnmt.model.methods  # noqa: F401 (the registry the config's method entries are typed by)
 
-    cfg = _read_config(_path(path, "path"), _overrides(overrides))  # type: ignore[arg-type]
-    validate_method_configs(cfg.model, cfg.path)
-    return cfg
+    return _read_config(_path(path, "path"), _overrides(overrides))  # type: ignore[arg-type]
 
 
 def _path(value: Any, argument: str, optional: bool = False) -> Path | None:
@@ -97,11 +95,7 @@ def _config(config: ConfigLike, overrides: Overrides = None) -> ExperimentConfig
         return load_config(config, overrides)
     if not isinstance(config, ExperimentConfig):
         raise ConfigError(f"expected a config path or an ExperimentConfig, got {config!r}", "config")
-    from structnmt.model.methods import validate_method_configs
-
-    cfg = with_overrides(config, _overrides(overrides))
-    validate_method_configs(cfg.model, cfg.path)
-    return cfg
+    return with_overrides(config, _overrides(overrides))
 
 
 def prepare(config: ConfigLike, overrides: Overrides = None, force: bool = False, verbose: bool = True) -> Path:

@@ -9,6 +9,7 @@ default.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import types
@@ -20,6 +21,7 @@ from typing import Any, Literal
 import yaml
 
 from structnmt.errors import ConfigError
+from structnmt.method_config import METHOD_PARAMS, MethodParams
 
 # ---------------------------------------------------------------------------
 # generic dataclass validation
@@ -66,6 +68,8 @@ def convert(tp: Any, value: Any, where: str) -> Any:
             raise ConfigError(f"expected a mapping, got {value!r}", where)
         ktp, vtp = args if args else (Any, Any)
         return {convert(ktp, k, where): convert(vtp, v, f"{where}.{k}") for k, v in value.items()}
+    if isinstance(tp, type) and issubclass(tp, MethodParams):
+        return method_params(value, where)
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where)
     if tp is bool:
@@ -120,7 +124,38 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
 
 
 def to_dict(obj: Any) -> Any:
-    return dataclasses.asdict(obj)
+    """A config (or a section) as plain data; a method's parameters as the entry it was read from."""
+    if isinstance(obj, MethodParams):
+        return obj.entry()
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_dict(v) for v in obj)
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    return copy.deepcopy(obj)
+
+
+def method_params(entry: Any, where: str) -> MethodParams:
+    """One ``model.methods`` entry as its method's typed ``Params`` (older spellings read),
+    checked field by field; the model-bound checks run in :meth:`ModelConfig.validate`."""
+    if isinstance(entry, MethodParams):
+        return entry
+    if not isinstance(entry, dict) or "name" not in entry:
+        raise ConfigError(f"expected a mapping with the method's name, got {entry!r}", where)
+    if not METHOD_PARAMS:
+        raise RuntimeError("model.methods cannot be read before the method registry is loaded: "
+                           "use structnmt.load_config, or import structnmt.model.methods first")
+    name = entry["name"]
+    cls = METHOD_PARAMS.get(name) if isinstance(name, str) else None
+    if cls is None:
+        raise ConfigError(f"unknown method {name!r} (known: {', '.join(sorted(METHOD_PARAMS))})", f"{where}.name")
+    try:
+        params = from_dict(cls, cls.respell(entry, where), where)
+    except ConfigError as err:
+        raise cls.as_written(err, entry, where) from None
+    params._entry = copy.deepcopy(entry)
+    return params
 
 
 def _need(cond: bool, message: str, where: str) -> None:
@@ -252,7 +287,7 @@ class ModelConfig:
     tie_output: bool = True  # decoder input embedding = output projection
     positional: Literal["sinusoidal", "learned", "none"] = "sinusoidal"
     max_positions: int = 1024
-    methods: list[dict[str, Any]] = field(default_factory=list)  # structure-aware plug-ins, see model.methods
+    methods: list[MethodParams] = field(default_factory=list)  # structure-aware plug-ins, see model.methods
     # how attention without score-matrix plug-ins is computed (same function either way):
     # auto = PyTorch's fused kernel, except bf16/fp16 on a CPU where the explicit path is faster
     attention_kernel: Literal["auto", "fused", "explicit"] = "auto"
@@ -267,9 +302,15 @@ class ModelConfig:
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             value = getattr(self, name)
             _need(0.0 <= value < 1.0, "must be in [0, 1)", f"{where}.{name}")
-        for i, method in enumerate(self.methods):
-            _need(isinstance(method, dict) and "name" in method, "each method needs a name",
-                  f"{where}.methods[{i}]")
+        for i, method in enumerate(self.methods):  # each read and checked field by field already
+            try:
+                method.check_model(self, f"{where}.methods[{i}]")
+            except ConfigError as err:
+                raise method.as_written(err, method.entry(), f"{where}.methods[{i}]") from None
+
+    def __post_init__(self) -> None:
+        # a ModelConfig built in code may list entries as mappings: they are typed here, as on load
+        self.methods = [method_params(m, f"model.methods[{i}]") for i, m in enumerate(self.methods)]
 
 
 # ---------------------------------------------------------------------------
@@ -420,10 +461,8 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ex
     (``training.max_steps``) set after loading. Relative paths inside are taken from the
     directory the command runs in (the recipes assume the project's root).
 
-    This checks every field of the sections defined here. The entries of ``model.methods``
-    are checked by the method registry, which knows them
-    (:func:`structnmt.model.methods.validate_method_configs`); :func:`structnmt.load_config`
-    does both.
+    Every field is checked, each ``model.methods`` entry as its method's typed parameters (the
+    method registry must be loaded: :func:`structnmt.load_config`, the public loader, does that).
     """
     path = Path(path)
     raw = _read_yaml(path)

@@ -44,7 +44,6 @@ def run_demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 
     from structnmt.data.prepare import prepare
     from structnmt.data.synthetic import demo_config, write_task
     from structnmt.evaluation.run_eval import evaluate_run
-    from structnmt.model.methods import validate_method_configs
     from structnmt.training.trainer import train
 
     def say(text: str) -> None:
@@ -74,8 +73,7 @@ def run_demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 
         say(f"training with {why}")
     for key, value in overrides.items():
         set_dotted(raw, key, value)
-    cfg = config_from_dict(raw)
-    validate_method_configs(cfg.model)
+    cfg = config_from_dict(raw)  # the trainer's import above loaded the method registry
     say(f"writing the synthetic task to {work / 'data'}")
     write_task(work / "data", sizes={"train": train_size, "val": valid_size, "test": test_size}, seed=seed)
     say("preparing the dataset (gold trees from CoNLL-U, SentencePiece)")

@@ -30,6 +30,7 @@ class ConfigError(StructNMTError):
     """A config field is unknown, ill-typed or impossible; the message names the field path."""
 
     def __init__(self, message: str, field: str | None = None, path: str | Path | None = None):
+        self.message = message
         self.field = field
         prefix = f"{path}: " if path else ""
         prefix += f"{field}: " if field else ""

@@ -288,7 +288,7 @@ ERROR_CASES: dict[str, tuple[Callable[[Path], tuple[Callable[[], object], list[s
                              DataError, "give --gold FILE"),
     "inspect_trees_of_a_plain_model": (lambda t: (lambda: structnmt.inspect("demo/run", "trees", out=t),
                                                   ["inspect", "trees", "demo/run", "--out", str(t)]),
-                                       ConfigError, "the model has no DBSA/SISA/SyncAttn head on the src side"),
+                                       ConfigError, "the model has no dbsa/sisa/syncattn layer on the src side"),
     "gold_link_outside_the_sentence": (
         lambda t: (lambda: structnmt.inspect("demo/run", "align", gold=t / "gold.talp", gold_format="talp", out=t),
                    ["inspect", "align", "demo/run", "--gold", _bad_talp(t), "--gold-format", "talp", "--out", str(t)]),

@@ -5,9 +5,8 @@ from __future__ import annotations
 import pytest
 
 import structnmt
-from structnmt.config import config_from_dict, load_config
+from structnmt.config import config_from_dict, load_config, to_dict
 from structnmt.errors import ConfigError
-from structnmt.model.methods import validate_method_configs
 
 
 def test_unknown_field_is_named(tmp_path):
@@ -48,15 +47,20 @@ def test_invalid_yaml_and_missing_file(tmp_path):
         load_config(bad)
 
 
-def test_the_registry_checks_method_entries(tmp_path):
-    # config.py checks the sections it defines; the method registry checks its own entries
-    cfg = config_from_dict({"model": {"methods": [{"name": "nosuch"}]}})
+def test_method_entries_are_typed_and_checked_when_the_config_is_read(tmp_path):
+    from structnmt.model.methods.pascal import PascalParams
+
     with pytest.raises(ConfigError, match=r"^model\.methods\[0\]\.name: unknown method 'nosuch'"):
-        validate_method_configs(cfg.model)
+        config_from_dict({"model": {"methods": [{"name": "nosuch"}]}})
     path = tmp_path / "c.yaml"
     path.write_text("model:\n  enc_layers: 1\n  methods: [{name: pascal, layers: [2]}]\n")
     with pytest.raises(ConfigError, match=r"c\.yaml: model\.methods\[0\]\.layers: layer 2 is outside"):
-        validate_method_configs(load_config(path).model, str(path))
+        load_config(path)
+    path.write_text("model:\n  enc_layers: 2\n  methods: [{name: pascal, layers: [2], heads: all}]\n")
+    params = load_config(path).model.methods[0]
+    assert isinstance(params, PascalParams) and params.layers == [2] and params.variance == 1.0
+    # a config saves (and hashes) each entry as written, not its typed expansion
+    assert to_dict(load_config(path))["model"]["methods"] == [{"name": "pascal", "layers": [2], "heads": "all"}]
 
 
 def test_config_module_does_not_import_the_model():
@@ -75,7 +79,7 @@ def test_method_layers_are_checked_against_the_stack_where_the_method_acts():
     deep_decoder = {"model.dec_layers": 6}
     cfg = structnmt.load_config("configs/multi30k_en_fr_dbsa.yaml", {
         **deep_decoder, "model.methods": [{"name": "dbsa", "sides": ["tgt"], "layers": [5], "heads": [0]}]})
-    assert cfg.model.methods[0]["layers"] == [5]
+    assert cfg.model.methods[0].layers == [5] and cfg.model.methods[0].stacks() == ["decoder"]
     past_decoder = "layer 7 is outside the decoder's layers 1..6"
     for entry, message in (
         ({"name": "dbsa", "sides": ["tgt"], "layers": [7], "heads": [0]}, past_decoder),

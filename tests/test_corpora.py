@@ -71,10 +71,10 @@ def test_recipe_prepares_a_stand_in_in_its_layout(recipe: str, tmp_path: Path, m
 def test_recipes_have_the_papers_sizes() -> None:
     base = load_config(CONFIGS / "wmt14_en_de_transformer.yaml").model
     assert (base.enc_layers, base.dec_layers, base.d_model, base.n_heads, base.d_ff) == (6, 6, 512, 8, 2048)
-    assert load_config(CONFIGS / "wmt14_en_de_pascal.yaml").model.methods[0]["name"] == "pascal"
+    assert load_config(CONFIGS / "wmt14_en_de_pascal.yaml").model.methods[0].name == "pascal"
     small = load_config(CONFIGS / "iwslt14_de_en_deps_san.yaml").model
     assert (small.enc_layers, small.d_model, small.n_heads, small.d_ff) == (6, 512, 4, 1024)
-    assert small.methods[0]["name"] == "deps_san" and small.methods[0]["layers"] == [1, 2, 3]
+    assert small.methods[0].name == "deps_san" and small.methods[0].layers == [1, 2, 3]
 
 
 def test_wmt14_layout_from_local_archives(tmp_path: Path) -> None:

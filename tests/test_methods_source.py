@@ -18,12 +18,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from structnmt.config import ModelConfig, load_config
+from structnmt.config import ModelConfig
 from structnmt.data.batch import BOS_ID, EOS_ID, PAD_ID, Batch
-from structnmt.decoding.search import beam_search, greedy_search
 from structnmt.errors import ConfigError
 from structnmt.model.attention import MultiHeadAttention
-from structnmt.model.losses import label_smoothed_nll
 from structnmt.model.methods import AttentionContext, Site, build_methods
 from structnmt.model.methods.deps_san import DependencyScalePlugin, WinkMaskPlugin
 from structnmt.model.methods.pascal import PascalPlugin
@@ -428,62 +426,7 @@ def test_sacra_cached_decoding_equals_full_decoding():
 
 
 # ---------------------------------------------------------------------------
-# every method: no parameters, trains, translates with inference fields only
-
-ENTRIES = {
-    "pascal": [{"name": "pascal", "parent_ignoring": 0.3}],
-    "deps_san": [{"name": "deps_san", "rs_sparsing": True}],
-    "deps_san_wink": [{"name": "deps_san", "layers": [1, 2], "wink_sparsing": True}],
-    "udiscal": [{"name": "udiscal"}],
-    "sasa": [{"name": "sasa", "layers": [3], "mask": "normal"}],
-    "sacra": [{"name": "sacra"}],
-    "sasa_udiscal": [{"name": "sasa", "layers": [3]}, {"name": "udiscal"}],
-    "sacra_udiscal": [{"name": "sacra", "normalise": "sentence"}, {"name": "udiscal"}],
-}
-
-
-@pytest.mark.parametrize("name", sorted(ENTRIES))
-def test_method_adds_no_parameters_trains_and_translates(name):
-    torch.manual_seed(0)
-    vanilla = Transformer(model_cfg([]), V, V)
-    model = Transformer(model_cfg(ENTRIES[name]), V, V)
-    assert model.num_parameters() == vanilla.num_parameters()
-    assert not any(m.adds_parameters for m in model.methods)
-
-    batch = make_batch()
-    model.train()
-    out = model(batch)
-    loss, _ = label_smoothed_nll(out.logits, batch.tgt_out, 0.1)
-    loss.backward()
-    grads = [p.grad for p in model.parameters() if p.grad is not None]
-    assert grads and all(torch.isfinite(g).all() for g in grads)
-    assert out.losses == {}
-
-    needs = model.structure_needs(inference=True)["src"] | {"valid"}
-    full = make_batch(with_target=False)
-    src_only = Batch(full.src, struct={"src": {k: v for k, v in full.struct["src"].items() if k in needs}})
-    assert set(src_only.struct["src"]) < set(full.struct["src"])  # really fewer fields
-    hyps = greedy_search(model, src_only, max_len_a=0.0, max_len_b=4)
-    assert len(hyps) == 2 and all(len(h[0].tokens) <= 4 for h in hyps)
-    beams = beam_search(model, src_only, beam=3, max_len_a=0.0, max_len_b=4, nbest=2)
-    assert len(beams) == 2 and all(1 <= len(b) <= 2 for b in beams)
-
-
-# ---------------------------------------------------------------------------
 # configs
-
-
-RECIPES = ["pascal", "deps_san_plain", "deps_san_rs", "deps_san_wink", "udiscal", "sasa", "sacra", "sasa_udiscal",
-           "sacra_udiscal"]
-
-
-@pytest.mark.parametrize("name", RECIPES)
-def test_recipe_loads_and_builds(name):
-    cfg = load_config(ROOT / "configs" / f"multi30k_en_de_{name}.yaml")
-    assert cfg.training.out_dir == f"runs/multi30k_en_de_{name}"
-    methods = build_methods(cfg.model)
-    assert len(methods) == (2 if "_udiscal" in name else 1)
-    Transformer(cfg.model, 100, 100)  # the recipe's sites exist in the recipe's model
 
 
 @pytest.mark.parametrize("entry, field", [

@@ -54,14 +54,14 @@ def test_recipe_trains_a_fixed_number_of_updates_when_asked(recipe):
 
 def test_recipe_names_say_what_they_train():
     dbsa = load_config(CONFIGS / "multi30k_en_de_dbsa_src.yaml").model.methods
-    assert [m["sides"] for m in dbsa] == [["src"]]
-    assert load_config(CONFIGS / "multi30k_en_fr_dbsa.yaml").model.methods[0]["sides"] == ["src", "tgt"]
+    assert [m.stacks() for m in dbsa] == [["encoder"]]
+    assert load_config(CONFIGS / "multi30k_en_fr_dbsa.yaml").model.methods[0].stacks() == ["encoder", "decoder"]
     plain, rs, wink = (load_config(CONFIGS / f"multi30k_en_de_deps_san_{v}.yaml").model.methods[0]
                        for v in ("plain", "rs", "wink"))
-    assert not plain.get("rs_sparsing") and not plain.get("wink_sparsing")
-    assert rs["rs_sparsing"] and not rs.get("wink_sparsing")
-    assert wink["wink_sparsing"] and not wink.get("rs_sparsing")
-    assert plain == {k: v for k, v in rs.items() if not k.startswith("rs_")}
+    assert not plain.rs_sparsing and not plain.wink_sparsing
+    assert rs.rs_sparsing and not rs.wink_sparsing
+    assert wink.wink_sparsing and not wink.rs_sparsing
+    assert plain.entry() == {k: v for k, v in rs.entry().items() if not k.startswith("rs_")}
     assert not any((CONFIGS / f"multi30k_en_de_{old}.yaml").exists() for old in ("dbsa", "deps_san"))
 
 
@@ -86,7 +86,7 @@ def test_recipe_trains_and_translates(recipe, tiny_data, tmp_path):
     train_lines = [r for r in logged if r["kind"] == "train"]
     assert train_lines, "no training step was logged"
     with_loss = {"dbsa", "sisa", "syncattn"}
-    expects_aux = any(m["name"] in with_loss or (m["name"] == "lpsi" and m.get("synch", "none") != "none")
+    expects_aux = any(m.name in with_loss or (m.name == "lpsi" and m.sync != "none")
                       for m in cfg.model.methods)
     standard = {"kind", "step", "epoch", "loss", "nll", "lr", "tgt_tokens_per_s", "ppl", "time", "tokens",
                 "sentences", "grad_norm", "seconds", "bad_steps", "skipped"}

@@ -43,12 +43,23 @@ LOG_FLOOR = 1e-9
 STACKS = {"src": "encoder", "tgt": "decoder"}
 
 
-def _sites(model: Transformer, names: tuple[str, ...], side: str) -> list[int]:
-    """0-based self-attention layers of ``side`` where a method called one of ``names`` acts."""
+def _readable(model: Transformer, reading: str, side: str, layer: int | None) -> RecordKey:
+    """The record that holds ``reading`` (a method's ``readouts``) in self-attention ``layer`` of
+    ``side`` (0-based; default the first layer a method offers it in)."""
+    from structnmt.model.methods import METHODS
+
     stack = STACKS[side]
-    layers = {site.layer for m in model.methods if m.name in names
-              for site in m.sites() if site.stack == stack and site.attention == "self"}
-    return sorted(layers)
+    at = {site.layer: m.readouts[reading] for m in model.methods if reading in m.readouts
+          for site in m.sites() if site.stack == stack and site.attention == "self"}
+    what = reading.replace("_", " ")
+    if not at:
+        known = "/".join(sorted(name for name, cls in METHODS.items() if reading in cls.readouts))
+        raise ConfigError(f"the model has no {known} layer on the {side} side to read a {what} from")
+    if layer is not None and layer not in at:
+        raise ConfigError(f"the model reads no {what} in {stack} layer {layer + 1} (only in "
+                          f"{', '.join(str(k + 1) for k in sorted(at))})", "layer")
+    layer = min(at) if layer is None else layer
+    return (stack, layer, "self", at[layer])
 
 
 def _run(model: Transformer, batches: Iterable[Batch], record: set[RecordKey]):
@@ -107,13 +118,7 @@ def dbsa_trees(model: Transformer, batches: Iterable[Batch], side: Literal["src"
     :func:`~structnmt.evaluation.trees.decode_tree_from_scores` (each word's best parent
     whenever those already form a tree). ``layer`` is 0-based; default the method's first.
     """
-    layers = _sites(model, ("dbsa", "sisa", "syncattn"), side)
-    if not layers:
-        raise ConfigError(f"the model has no DBSA/SISA/SyncAttn head on the {side} side to read trees from")
-    if layer is not None and layer not in layers:
-        raise ConfigError(f"the model has no supervised heads in {STACKS[side]} layer {layer + 1} (only in "
-                          f"{', '.join(str(k + 1) for k in layers)})", "layer")
-    key = (STACKS[side], layers[0] if layer is None else layer, "self", "dbsa")
+    key = _readable(model, "dependency_tree", side, layer)
     out: list[tuple[int | None, object]] = []
     for batch, records in _run(model, batches, {key}):
         attn = records[key].float().mean(1).cpu().numpy()  # (B, L, L)
@@ -246,13 +251,7 @@ def lpsi_trees(model: Transformer, batches: Iterable[Batch], side: Literal["src"
     boundary distances that were split.
     """
     boundary = resolve_boundary(boundary, side)
-    layers = _sites(model, ("lpsi",), side)
-    if not layers:
-        raise ConfigError(f"the model has no LPSI layer on the {side} side to read phrase trees from")
-    if layer is not None and layer not in layers:
-        raise ConfigError(f"the model has no LPSI gates in {STACKS[side]} layer {layer + 1} (only in "
-                          f"{', '.join(str(k + 1) for k in layers)})", "layer")
-    key = (STACKS[side], layers[0] if layer is None else layer, "self", "distance")
+    key = _readable(model, "phrase_structure", side, layer)
     out: list[tuple[int | None, object]] = []
     for batch, records in _run(model, batches, {key}):
         dist = records[key].float().mean(1).cpu().numpy()  # (B, L)

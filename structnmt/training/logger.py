@@ -231,7 +231,7 @@ def write_run_files(run_dir: Path, cfg: ExperimentConfig, parameters: int, devic
         "parameters": parameters,
         "dataset": cfg.data.dir if cfg.data is not None else None,
         "parsers": dataset_parsers(cfg),
-        "methods": [m.get("name") for m in cfg.model.methods],
+        "methods": [m.name for m in cfg.model.methods],
         "device": device,
         "world_size": world_size,
         "precision": precision,

@@ -12,8 +12,6 @@ import importlib
 import pkgutil
 from typing import Any
 
-from structnmt.config import from_dict
-from structnmt.errors import ConfigError
 from structnmt.model.methods.base import (
     METHODS,
     AttentionContext,
@@ -27,7 +25,7 @@ from structnmt.model.methods.base import (
 
 __all__ = [
     "METHODS", "AttentionContext", "AttentionPlugin", "Method", "MethodParams", "RecordKey", "Site",
-    "register", "build_methods", "validate_method_configs", "structure_needs",
+    "register", "build_methods", "structure_needs",
 ]
 
 _loaded = False
@@ -45,49 +43,12 @@ def _discover() -> None:
     _loaded = True
 
 
-def _parse(entry: dict[str, Any], model_cfg: Any, where: str) -> Method:
-    _discover()
-    name = entry.get("name")
-    if name not in METHODS:
-        raise ConfigError(f"unknown method {name!r} (known: {', '.join(sorted(METHODS))})", f"{where}.name")
-    cls = METHODS[name]
-    params = from_dict(cls.Params, dict(entry), where)
-    if params.stack == "encoder" and params.attention == "cross":
-        raise ConfigError("the encoder has no cross-attention", f"{where}.attention")
-    try:
-        method = cls(params, model_cfg)
-    except ConfigError as err:
-        if err.field and not err.field.startswith(where):
-            raise ConfigError(str(err).split(": ", 1)[-1], f"{where}.{err.field}") from None
-        raise
-    # layers are checked where the method acts (its sites), against that stack's depth: a
-    # method placed by ``sides`` (DBSA, LPSI, ...) ignores ``stack``
-    depths = {"encoder": model_cfg.enc_layers, "decoder": model_cfg.dec_layers}
-    for site in method.sites():
-        depth = depths[site.stack]
-        if not 0 <= site.layer < depth:
-            raise ConfigError(f"layer {site.layer + 1} is outside the {site.stack}'s layers 1..{depth}",
-                              f"{where}.layers")
-    for head in method.head_list():
-        if not 0 <= head < model_cfg.n_heads:
-            raise ConfigError(f"head {head} is outside 0..{model_cfg.n_heads - 1}", f"{where}.heads")
-    return method
-
-
 def build_methods(model_cfg: Any) -> list[Method]:
-    return [_parse(e, model_cfg, f"model.methods[{i}]") for i, e in enumerate(model_cfg.methods)]
-
-
-def validate_method_configs(model_cfg: Any, path: str | None = None) -> None:
-    """Check every ``model.methods`` entry: a known name, valid parameters, layers and heads
-    inside the model. The registry checks its own entries (``config.py`` checks the rest);
-    errors name the entry's field, after the config file ``path`` when given."""
-    try:
-        build_methods(model_cfg)
-    except ConfigError as err:
-        if path is None:
-            raise
-        raise ConfigError(str(err), path=path) from None
+    """The model's methods, one per ``model.methods`` entry (typed and checked when the config
+    was loaded; checked again here against this model, for a ``ModelConfig`` made in code)."""
+    _discover()
+    model_cfg.validate("model")
+    return [METHODS[params.name](params, model_cfg) for params in model_cfg.methods]
 
 
 def structure_needs(methods: list[Method], inference: bool = False) -> dict[str, set[str]]:
@@ -106,3 +67,6 @@ def method_params_doc(name: str) -> dict[str, Any]:
     cls = METHODS[name]
     return {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
             for f in dataclasses.fields(cls.Params) if f.name != "name"}
+
+
+_discover()  # every method registers itself (and its Params, for the config loader) on import

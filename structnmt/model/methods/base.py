@@ -25,30 +25,17 @@ calls whatever plug-ins the config attached. A new method is a new file here wit
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor, nn
 
-Stack = Literal["encoder", "decoder"]
-AttentionKind = Literal["self", "cross"]
+from structnmt.method_config import METHOD_PARAMS, MethodParams, Site
+
+__all__ = ["METHODS", "AttentionContext", "AttentionPlugin", "Method", "MethodParams", "RecordKey", "Site", "register"]
+P = TypeVar("P", bound=MethodParams)
+
 RecordKey = tuple[str, int, str, str]  # (stack, layer 0-based, "self"|"cross", name)
-
-
-@dataclass(frozen=True)
-class Site:
-    """One attention module of the model; ``layer`` is 0-based here (configs are 1-based)."""
-
-    stack: Stack
-    attention: AttentionKind
-    layer: int
-
-    @property
-    def struct_side(self) -> str:
-        """Which sentence the query rows belong to: source for encoder attention, target otherwise."""
-        return "src" if self.stack == "encoder" else "tgt"
 
 
 class AttentionContext:
@@ -167,23 +154,9 @@ class AttentionPlugin(nn.Module):
         return None
 
 
-@dataclass
-class MethodParams:
-    """Where a method acts. Every method's parameter dataclass extends this one.
-
-    ``layers`` are 1-based like the papers; ``heads`` are 0-based indices, a count ``n``
-    (the first n heads), or ``"all"``.
-    """
-
-    name: str = ""
-    stack: Stack = "encoder"
-    attention: AttentionKind = "self"
-    layers: list[int] = field(default_factory=lambda: [1])
-    heads: list[int] | int | str = "all"
-
-
-class Method:
-    """A structure-aware method as configured in one ``model.methods`` entry."""
+class Method(Generic[P]):
+    """A structure-aware method as configured in one ``model.methods`` entry (its typed ``Params``,
+    already checked against the model when the config was loaded: building one never refuses)."""
 
     name: ClassVar[str] = ""
     Params: ClassVar[type[MethodParams]] = MethodParams
@@ -193,23 +166,21 @@ class Method:
     needs_at_inference: ClassVar[dict[str, tuple[str, ...]]] = {}
     #: True if the method adds trainable parameters (the parameter-free ones must not)
     adds_parameters: ClassVar[bool] = False
+    #: what ``structnmt inspect`` can read out of the method's self-attention sites: {reading: the
+    #: recorded tensor it reads}. Readings: ``"dependency_tree"`` (a (B, H', L, L) parent
+    #: distribution per token), ``"phrase_structure"`` (a (B, H', L) syntactic distance per token)
+    readouts: ClassVar[dict[str, str]] = {}
 
-    def __init__(self, params: MethodParams, model_cfg: Any) -> None:
-        self.p = params
+    def __init__(self, params: P, model_cfg: Any) -> None:
+        self.p: P = params
         self.model_cfg = model_cfg
 
-    # -- where ---------------------------------------------------------------
+    # -- where (said by the params, one vocabulary for every method) -----------
     def head_list(self) -> list[int]:
-        heads = self.p.heads
-        n = self.model_cfg.n_heads
-        if heads == "all":
-            return list(range(n))
-        if isinstance(heads, int):
-            return list(range(heads))
-        return list(heads)
+        return self.p.head_list(self.model_cfg.n_heads)
 
     def sites(self) -> list[Site]:
-        return [Site(self.p.stack, self.p.attention, layer - 1) for layer in self.p.layers]
+        return self.p.sites()
 
     # -- hooks ---------------------------------------------------------------
     def make_plugin(self, site: Site) -> AttentionPlugin | None:
@@ -256,10 +227,7 @@ def register(name: str):
             raise ValueError(f"method {name!r} registered twice")
         cls.name = name
         METHODS[name] = cls
+        METHOD_PARAMS[name] = cls.Params  # the config floor types entries through this
         return cls
 
     return wrap
-
-
-def params_fields(cls: type[MethodParams]) -> list[str]:
-    return [f.name for f in dataclasses.fields(cls)]

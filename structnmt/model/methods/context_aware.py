@@ -140,6 +140,7 @@ class ContextAwareParams(MethodParams):
     variant: Variant = "global"
 
     def validate(self, where: str) -> None:
+        super().validate(where)
         check_site(self, "encoder", "self", where)
         if self.variant != "global" and sorted(self.layers) != list(range(1, len(self.layers) + 1)):
             raise ConfigError(f"the {self.variant} context stacks every earlier layer's input: layers must be "
@@ -149,18 +150,18 @@ class ContextAwareParams(MethodParams):
 
 
 @register("context_aware")
-class ContextAware(Method):
+class ContextAware(Method[ContextAwareParams]):
     """Q and K gated towards a global or deep context (Yang et al. 2019)."""
 
     Params = ContextAwareParams
     adds_parameters = True
 
-    def __init__(self, params: MethodParams, model_cfg) -> None:
+    def __init__(self, params: ContextAwareParams, model_cfg) -> None:
         super().__init__(params, model_cfg)
         self.stash: dict[int, Tensor] = {}
 
     def make_plugin(self, site: Site) -> AttentionPlugin:
-        p: ContextAwareParams = self.p  # type: ignore[assignment]
+        p = self.p
         cfg = self.model_cfg
         last = site.layer == max(p.layers) - 1
         return ContextAwarePlugin(self.head_list(), cfg.d_model, cfg.d_model // cfg.n_heads, p.variant,

@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Literal
 
 import torch
 from torch import Tensor, nn
 
 from structnmt.errors import ConfigError
+from structnmt.method_config import Stack
 from structnmt.model.methods.base import (
     AttentionContext,
     AttentionPlugin,
@@ -46,8 +46,6 @@ from structnmt.model.methods.base import (
     register,
 )
 
-Side = Literal["src", "tgt"]
-STACK_OF_SIDE: dict[str, str] = {"src": "encoder", "tgt": "decoder"}
 EPS = 1e-9  # floor for log A: a head can put (numerically) zero mass on the gold parent early in training
 
 
@@ -111,12 +109,11 @@ def dependency_nll(heads: Tensor, parent_first: Tensor, valid: Tensor, causal: b
 class DBSAParams(MethodParams):
     layers: list[int] = field(default_factory=lambda: [1])  # l_dep = 1 (the paper's setting)
     heads: list[int] | int | str = field(default_factory=lambda: [0])  # one head
-    sides: list[Side] = field(default_factory=lambda: ["src", "tgt"])  # encoder (src) and/or decoder (tgt)
+    stack: Stack | list[Stack] = field(default_factory=lambda: ["encoder", "decoder"])  # (older: sides: [src, tgt])
     lambda_dep: float = 0.5
 
     def validate(self, where: str) -> None:
-        if not self.sides or len(set(self.sides)) != len(self.sides):
-            raise ConfigError("name each side once: [src], [tgt] or [src, tgt]", f"{where}.sides")
+        super().validate(where)
         if self.attention != "self":
             raise ConfigError("DBSA heads live in self-attention", f"{where}.attention")
         if self.lambda_dep < 0:
@@ -124,29 +121,19 @@ class DBSAParams(MethodParams):
 
 
 @register("dbsa")
-class DBSA(Method):
-    """A supervised bilinear head per side; ``stack`` is unused (``sides`` says where)."""
+class DBSA(Method[DBSAParams]):
+    """A supervised bilinear head in the self-attention of each stack named."""
 
     Params = DBSAParams
     adds_parameters = True
     loss_prefix = "dbsa"
+    readouts = {"dependency_tree": "dbsa"}  # the head's attention is its parser (SISA, SyncAttn inherit it)
 
     def __init__(self, params: DBSAParams, model_cfg) -> None:
         super().__init__(params, model_cfg)
-        self.p: DBSAParams = params
-        for side in self.p.sides:
-            depth = model_cfg.enc_layers if side == "src" else model_cfg.dec_layers
-            for layer in self.p.layers:
-                if not 1 <= layer <= depth:
-                    stack = STACK_OF_SIDE[side]
-                    raise ConfigError(f"layer {layer} is outside the {stack}'s layers 1..{depth}", "layers")
-        # the fields depend on the configured sides, so they are per instance
-        self.needs = {side: ("valid", "parent_first") for side in self.p.sides}
+        # the fields depend on the configured stacks, so they are per instance
+        self.needs = {site.struct_side: ("valid", "parent_first") for site in self.sites()}
         self.needs_at_inference = {}
-
-    def sites(self) -> list[Site]:
-        return [Site(STACK_OF_SIDE[side], "self", layer - 1)  # type: ignore[arg-type]
-                for side in self.p.sides for layer in self.p.layers]
 
     def make_plugin(self, site: Site) -> AttentionPlugin:
         d_head = self.model_cfg.d_model // self.model_cfg.n_heads

@@ -48,6 +48,7 @@ class DepsSANParams(MethodParams):
     wink_k: float = 6.0  # keys with dist > wink_k are masked out
 
     def validate(self, where: str) -> None:
+        super().validate(where)
         check_site(self, "encoder", "self", where)
         check_range(self.variance, 0.0, math.inf, f"{where}.variance", low_open=True)
         check_range(self.rs_k, 0.0, math.inf, f"{where}.rs_k")
@@ -102,14 +103,14 @@ class WinkMaskPlugin(AttentionPlugin):
 
 
 @register("deps_san")
-class DepsSAN(Method):
+class DepsSAN(Method[DepsSANParams]):
     Params = DepsSANParams
     needs = {"src": ("dist",)}
     needs_at_inference = {"src": ("dist",)}
 
     def plugins(self) -> list[tuple[Site, AttentionPlugin]]:
         """Up to two plug-ins per layer: the scaling (explicit scores) and the Wink mask (a bias)."""
-        p: DepsSANParams = self.p  # type: ignore[assignment]
+        p = self.p
         heads = self.head_list()
         out: list[tuple[Site, AttentionPlugin]] = []
         for site in self.sites():

@@ -64,6 +64,7 @@ class LocalWindowParams(MethodParams):
     window: int = 2
 
     def validate(self, where: str) -> None:
+        super().validate(where)
         if self.attention != "self":
             raise ConfigError("local windows apply to self-attention", f"{where}.attention")
         if self.window < 0:
@@ -71,8 +72,8 @@ class LocalWindowParams(MethodParams):
 
 
 @register("local_window")
-class LocalWindow(Method):
+class LocalWindow(Method[LocalWindowParams]):
     Params = LocalWindowParams
 
     def make_plugin(self, site: Site) -> AttentionPlugin:
-        return LocalWindowPlugin(self.head_list(), self.model_cfg.n_heads, self.p.window)  # type: ignore[attr-defined]
+        return LocalWindowPlugin(self.head_list(), self.model_cfg.n_heads, self.p.window)

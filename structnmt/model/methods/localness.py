@@ -116,19 +116,20 @@ class LocalnessParams(MethodParams):
     window: float = 10.0  # D of the fixed variant, in tokens (σ = D/2)
 
     def validate(self, where: str) -> None:
+        super().validate(where)
         check_site(self, "encoder", "self", where)
         if self.window <= 0:
             raise ConfigError(f"must be positive, got {self.window}", f"{where}.window")
 
 
 @register("localness")
-class Localness(Method):
+class Localness(Method[LocalnessParams]):
     """Learned Gaussian bias around a predicted central position (Yang et al. 2018)."""
 
     Params = LocalnessParams
     adds_parameters = True
 
     def make_plugin(self, site: Site) -> AttentionPlugin:
-        p: LocalnessParams = self.p  # type: ignore[assignment]
+        p = self.p
         cfg = self.model_cfg
         return LocalnessPlugin(self.head_list(), cfg.n_heads, cfg.d_model // cfg.n_heads, p.variant, p.window)

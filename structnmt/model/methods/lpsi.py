@@ -28,9 +28,9 @@ Choices the paper leaves open:
 * incremental decoding recomputes the distances of all positions from the cached keys (the
   convolution only looks back, so earlier distances never change).
 
-Synchronisation (``synch: mse | rank``): the source distances ``e`` of distance layer ``l`` are
-projected through the cross-attention ``C`` (J×I, mean over heads) of synchronised decoder layer
-``l``, ``d̃ = C e``, and compared with the target distances ``d`` of distance layer ``l``:
+Synchronisation (``sync: mse | rank``; ``synch`` in older recipes): the source distances ``e``
+of distance layer ``l`` are projected through the cross-attention ``C`` (J×I, mean over heads)
+of synchronised decoder layer ``l``, ``d̃ = C e``, and compared with the target distances ``d`` of distance layer ``l``:
 
     SynchMSE   Σ_l Σ_i (d_i − d̃_i)²
     SynchRank  Σ_l Σ_{i<j} max(0, 1 − sign(d_i − d_j)·(d̃_i − d̃_j))
@@ -50,6 +50,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from structnmt.errors import ConfigError
+from structnmt.method_config import Stack
 from structnmt.model.methods.base import (
     AttentionContext,
     AttentionPlugin,
@@ -59,7 +60,6 @@ from structnmt.model.methods.base import (
     Site,
     register,
 )
-from structnmt.model.methods.dbsa import STACK_OF_SIDE, Side
 
 ALPHA_FLOOR = 1e-6
 
@@ -109,62 +109,58 @@ class SyntacticGatePlugin(AttentionPlugin):
 class LPSIParams(MethodParams):
     layers: list[int] = field(default_factory=lambda: [1, 2])  # the two bottom layers
     heads: list[int] | int | str = "all"
-    sides: list[Side] = field(default_factory=lambda: ["src", "tgt"])
+    stack: Stack | list[Stack] = field(default_factory=lambda: ["encoder", "decoder"])  # (older: sides)
     lookback: int = 5  # M
     tau: float = 1.0
-    synch: Literal["none", "mse", "rank"] = "none"
-    synch_layers: list[int] | None = None  # decoder cross-attention layers; None: the top len(layers)
-    lambda_synch: float = 0.01
+    sync: Literal["none", "mse", "rank"] = "none"  # SynchMSE / SynchRank
+    sync_layers: list[int] | None = None  # decoder cross-attention layers; None: the top len(layers)
+    lambda_sync: float = 0.01
+
+    RENAMED = {"synch": "sync", "synch_layers": "sync_layers", "lambda_synch": "lambda_sync"}
 
     def validate(self, where: str) -> None:
-        if not self.sides or len(set(self.sides)) != len(self.sides):
-            raise ConfigError("name each side once: [src], [tgt] or [src, tgt]", f"{where}.sides")
+        super().validate(where)
         if self.attention != "self":
             raise ConfigError("LPSI gates self-attention", f"{where}.attention")
         if self.lookback < 0:
             raise ConfigError("must not be negative", f"{where}.lookback")
         if self.tau <= 0:
             raise ConfigError("must be positive", f"{where}.tau")
-        if self.lambda_synch < 0:
-            raise ConfigError("must not be negative", f"{where}.lambda_synch")
-        if self.synch != "none" and sorted(self.sides) != ["src", "tgt"]:
-            raise ConfigError("synchronisation needs distances on both sides: [src, tgt]", f"{where}.sides")
-        if self.synch_layers is not None and len(self.synch_layers) != len(self.layers):
-            raise ConfigError("give one synchronised layer per distance layer", f"{where}.synch_layers")
+        if self.lambda_sync < 0:
+            raise ConfigError("must not be negative", f"{where}.lambda_sync")
+        if self.sync != "none" and sorted(self.stacks()) != ["decoder", "encoder"]:
+            raise ConfigError("synchronisation needs distances in both stacks: [encoder, decoder]", f"{where}.stack")
+        if self.sync_layers is not None and len(self.sync_layers) != len(self.layers):
+            raise ConfigError("give one synchronised layer per distance layer", f"{where}.sync_layers")
+
+    def check_model(self, model, where: str) -> None:
+        super().check_model(model, where)
+        if any(not 1 <= layer <= model.dec_layers for layer in self.synchronised_layers(model.dec_layers)):
+            raise ConfigError(f"synchronised layers must lie in the decoder's layers 1..{model.dec_layers}",
+                              f"{where}.sync_layers")
+
+    def synchronised_layers(self, dec_layers: int) -> list[int]:
+        n = len(self.layers)
+        return self.sync_layers or [max(1, dec_layers - n + 1 + i) for i in range(n)]
 
 
 @register("lpsi")
-class LPSI(Method):
+class LPSI(Method[LPSIParams]):
     Params = LPSIParams
     adds_parameters = True
+    readouts = {"phrase_structure": "distance"}  # the gates' distances split into a binary tree
 
     def __init__(self, params: LPSIParams, model_cfg) -> None:
         super().__init__(params, model_cfg)
-        self.p: LPSIParams = params
-        for side in params.sides:
-            depth = model_cfg.enc_layers if side == "src" else model_cfg.dec_layers
-            for layer in params.layers:
-                if not 1 <= layer <= depth:
-                    stack = STACK_OF_SIDE[side]
-                    raise ConfigError(f"layer {layer} is outside the {stack}'s layers 1..{depth}", "layers")
-        n_dec = model_cfg.dec_layers
-        n_dist = len(params.layers)
-        top = params.synch_layers or [max(1, n_dec - n_dist + 1 + i) for i in range(n_dist)]
-        if any(not 1 <= layer <= n_dec for layer in top):
-            raise ConfigError(f"synchronised layers must lie in the decoder's layers 1..{n_dec}",
-                              "synch_layers")
+        top = params.synchronised_layers(model_cfg.dec_layers)
         self.pairs = list(zip(sorted(params.layers), sorted(top)))  # (distance layer, cross-attention layer)
-
-    def sites(self) -> list[Site]:
-        return [Site(STACK_OF_SIDE[side], "self", layer - 1)  # type: ignore[arg-type]
-                for side in self.p.sides for layer in self.p.layers]
 
     def make_plugin(self, site: Site) -> AttentionPlugin:
         d_head = self.model_cfg.d_model // self.model_cfg.n_heads
         return SyntacticGatePlugin(self.head_list(), d_head, self.p.lookback, self.p.tau)
 
     def records(self) -> set[RecordKey]:
-        if self.p.synch == "none":
+        if self.p.sync == "none":
             return set()
         out: set[RecordKey] = set()
         for dist_layer, cross_layer in self.pairs:
@@ -175,7 +171,7 @@ class LPSI(Method):
 
     def loss(self, records: dict[RecordKey, Tensor], batch_struct: dict[str, dict[str, Tensor]],
              pads: dict[str, Tensor]) -> dict[str, Tensor]:
-        if self.p.synch == "none":
+        if self.p.sync == "none":
             return {}
         total: Tensor | None = None
         for dist_layer, cross_layer in self.pairs:
@@ -187,10 +183,10 @@ class LPSI(Method):
             e = records[keys[0]].float().mean(1).masked_fill(pads["src"], 0.0)  # (B, I)
             d = records[keys[1]].float().mean(1)  # (B, J)
             c = records[keys[2]].float().mean(1)  # (B, J, I)
-            term = synch_loss(d, c @ e.unsqueeze(-1), pads["tgt"], self.p.synch)
+            term = synch_loss(d, c @ e.unsqueeze(-1), pads["tgt"], self.p.sync)
             total = term if total is None else total + term
         assert total is not None
-        return {"lpsi_synch": self.p.lambda_synch * total}
+        return {"lpsi_synch": self.p.lambda_sync * total}
 
 
 def synch_loss(d: Tensor, projected: Tensor, tgt_pad: Tensor, kind: str) -> Tensor:

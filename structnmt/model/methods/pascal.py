@@ -49,6 +49,7 @@ class PascalParams(MethodParams):
     parent_ignoring: float = 0.0  # q: probability that a row is left unscaled in training
 
     def validate(self, where: str) -> None:
+        super().validate(where)
         check_site(self, "encoder", "self", where)
         check_range(self.variance, 0.0, math.inf, f"{where}.variance", low_open=True)
         check_range(self.parent_ignoring, 0.0, 1.0, f"{where}.parent_ignoring")
@@ -78,11 +79,11 @@ class PascalPlugin(AttentionPlugin):
 
 
 @register("pascal")
-class Pascal(Method):
+class Pascal(Method[PascalParams]):
     Params = PascalParams
     needs = {"src": ("parent_mid",)}
     needs_at_inference = {"src": ("parent_mid",)}
 
     def make_plugin(self, site: Site) -> AttentionPlugin:
-        p: PascalParams = self.p  # type: ignore[assignment]
+        p = self.p
         return PascalPlugin(self.head_list(), p.variance, p.parent_ignoring)

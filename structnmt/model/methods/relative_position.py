@@ -103,6 +103,7 @@ class RelativePositionParams(MethodParams):
     values: bool = True  # also add a^V to the output (the paper's eq. 3)
 
     def validate(self, where: str) -> None:
+        super().validate(where)
         if self.attention != "self":
             raise ConfigError("relative positions are defined within one sequence: self-attention only",
                               f"{where}.attention")
@@ -111,13 +112,13 @@ class RelativePositionParams(MethodParams):
 
 
 @register("relative_position")
-class RelativePosition(Method):
+class RelativePosition(Method[RelativePositionParams]):
     """Learned clipped relative-position vectors on keys and values (Shaw et al. 2018)."""
 
     Params = RelativePositionParams
     adds_parameters = True
 
     def make_plugin(self, site: Site) -> AttentionPlugin:
-        p: RelativePositionParams = self.p  # type: ignore[assignment]
+        p = self.p
         cfg = self.model_cfg
         return RelativePositionPlugin(self.head_list(), cfg.d_model // cfg.n_heads, p.clip, p.values)

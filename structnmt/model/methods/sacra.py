@@ -51,6 +51,7 @@ class SacraParams(MethodParams):
     normalise: Literal["scene", "sentence"] = "sentence"
 
     def validate(self, where: str) -> None:
+        super().validate(where)
         check_site(self, "decoder", "cross", where)
 
 
@@ -81,11 +82,11 @@ class SacraPlugin(AttentionPlugin):
 
 
 @register("sacra")
-class Sacra(Method):
+class Sacra(Method[SacraParams]):
     Params = SacraParams
     needs = {"src": ("scene_mask",)}
     needs_at_inference = {"src": ("scene_mask",)}
 
     def make_plugin(self, site: Site) -> AttentionPlugin:
-        p: SacraParams = self.p  # type: ignore[assignment]
+        p = self.p
         return SacraPlugin(self.head_list(), p.normalise)

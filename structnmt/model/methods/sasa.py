@@ -53,6 +53,7 @@ class SasaParams(MethodParams):
     c: float | None = None  # out-of-scene constant (scaled) or distance factor (normal); None: paper's best
 
     def validate(self, where: str) -> None:
+        super().validate(where)
         check_site(self, "encoder", "self", where)
         if self.c is not None:
             if self.mask == "binary":
@@ -96,12 +97,12 @@ class SasaPlugin(AttentionPlugin):
 
 
 @register("sasa")
-class Sasa(Method):
+class Sasa(Method[SasaParams]):
     Params = SasaParams
     needs = {"src": ("scene_mask",)}
     needs_at_inference = {"src": ("scene_mask",)}
 
-    def __init__(self, params: MethodParams, model_cfg: Any) -> None:
+    def __init__(self, params: SasaParams, model_cfg: Any) -> None:
         super().__init__(params, model_cfg)
         if getattr(params, "mask", "binary") == "normal":  # only the normal mask reads scene distances
             fields = ("scene_mask", "scene_dist")
@@ -109,5 +110,5 @@ class Sasa(Method):
             self.needs_at_inference = {"src": fields}
 
     def make_plugin(self, site: Site) -> AttentionPlugin:
-        p: SasaParams = self.p  # type: ignore[assignment]
+        p = self.p
         return SasaPlugin(self.head_list(), p.mask, p.constant())

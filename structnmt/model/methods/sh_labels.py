@@ -38,11 +38,18 @@ class ShLabelsParams(MethodParams):
     d_label: int = 10
 
     def validate(self, where: str) -> None:
+        super().validate(where)
         check_site(self, "encoder", "self", where)  # source embeddings: the encoder side
         if self.n_labels < 1:
             raise ConfigError(f"must be at least 1, got {self.n_labels}", f"{where}.n_labels")
         if self.d_label < 1:
             raise ConfigError(f"must be at least 1, got {self.d_label}", f"{where}.d_label")
+
+    def check_model(self, model, where: str) -> None:
+        super().check_model(model, where)
+        if self.d_label >= model.d_model:
+            raise ConfigError(f"must be smaller than d_model ({model.d_model}), got {self.d_label}",
+                              f"{where}.d_label")
 
 
 def replace_last_dims(x: Tensor, features: Tensor, valid: Tensor) -> Tensor:
@@ -53,7 +60,7 @@ def replace_last_dims(x: Tensor, features: Tensor, valid: Tensor) -> Tensor:
 
 
 @register("sh_labels")
-class ShLabels(Method):
+class ShLabels(Method[ShLabelsParams]):
     """Dependency-label vectors in the last source embedding dims (Sennrich & Haddow 2016)."""
 
     Params = ShLabelsParams
@@ -61,12 +68,9 @@ class ShLabels(Method):
     needs_at_inference = {"src": ("labels",)}
     adds_parameters = True
 
-    def __init__(self, params: MethodParams, model_cfg) -> None:
+    def __init__(self, params: ShLabelsParams, model_cfg) -> None:
         super().__init__(params, model_cfg)
-        p: ShLabelsParams = params  # type: ignore[assignment]
-        if p.d_label >= model_cfg.d_model:
-            raise ConfigError(f"must be smaller than d_model ({model_cfg.d_model}), got {p.d_label}",
-                              "sh_labels.d_label")
+        p = params
         self.scale = math.sqrt(model_cfg.d_model)
         self.table = nn.Embedding(p.n_labels, p.d_label)
         nn.init.normal_(self.table.weight, mean=0.0, std=model_cfg.d_model ** -0.5)

@@ -49,7 +49,7 @@ def valid_pairs(valid: Tensor) -> Tensor:
 
 def check_site(p: MethodParams, stack: str, attention: str, where: str) -> None:
     """The source-side methods read source structure: refuse a site whose rows are not source tokens."""
-    if p.stack != stack:
+    if p.stacks() != [stack]:
         raise ConfigError(f"{p.name} works on the {stack} only", f"{where}.stack")
     if p.attention != attention:
         raise ConfigError(f"{p.name} works on {attention}-attention only", f"{where}.attention")

@@ -18,23 +18,24 @@ The loss is logged as ``sisa_src``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from structnmt.errors import ConfigError
+from structnmt.method_config import Stack
 from structnmt.model.methods.base import register
-from structnmt.model.methods.dbsa import DBSA, DBSAParams, Side
+from structnmt.model.methods.dbsa import DBSA, DBSAParams
 
 
 @dataclass
 class SISAParams(DBSAParams):
-    sides: list[Side] = field(default_factory=lambda: ["src"])
+    stack: Stack | list[Stack] = "encoder"
     lambda_dep: float = 1.0
 
     def validate(self, where: str) -> None:
         super().validate(where)
-        if self.sides != ["src"]:
-            raise ConfigError("SISA supervises a source-side head only (use dbsa for the target)",
-                              f"{where}.sides")
+        if self.stacks() != ["encoder"]:
+            raise ConfigError("SISA supervises an encoder head only (use dbsa for the decoder)",
+                              f"{where}.stack")
 
 
 @register("sisa")

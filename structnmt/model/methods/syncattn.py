@@ -17,51 +17,55 @@ no structure fields, only the model's own attention.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from structnmt.errors import ConfigError
+from structnmt.method_config import resolve_heads
 from structnmt.model.methods.base import RecordKey, register
-from structnmt.model.methods.dbsa import DBSA, DBSAParams, Side
+from structnmt.model.methods.dbsa import DBSA, DBSAParams
 
 
 @dataclass
 class SyncAttnParams(DBSAParams):
-    sides: list[Side] = field(default_factory=lambda: ["src", "tgt"])
     sync_layer: int | None = None  # 1-based decoder layer of C; None: the penultimate (5 of 6 in the paper)
     sync_heads: list[int] | int | str = "all"  # cross-attention heads averaged into C
     lambda_sync: float = 1.0  # tuned in {0.01, 0.05, 0.1, 0.5, 1, 5, 10} in the paper
 
     def validate(self, where: str) -> None:
         super().validate(where)
-        if sorted(self.sides) != ["src", "tgt"]:
-            raise ConfigError("SyncAttn needs DBSA heads on both sides: [src, tgt]", f"{where}.sides")
+        if sorted(self.stacks()) != ["decoder", "encoder"]:
+            raise ConfigError("SyncAttn needs DBSA heads in both stacks: [encoder, decoder]", f"{where}.stack")
         if len(self.layers) != 1:
             raise ConfigError("give one l_dep layer", f"{where}.layers")
         if self.lambda_sync < 0:
             raise ConfigError("must not be negative", f"{where}.lambda_sync")
+
+    def check_model(self, model, where: str) -> None:
+        super().check_model(model, where)
+        if not 1 <= self.synchronised_layer(model.dec_layers) <= model.dec_layers:
+            raise ConfigError(f"layer {self.sync_layer} is outside the decoder's layers 1..{model.dec_layers}",
+                              f"{where}.sync_layer")
+        heads = resolve_heads(self.sync_heads, model.n_heads)
+        if not heads or not all(0 <= h < model.n_heads for h in heads):
+            raise ConfigError(f"heads must lie in 0..{model.n_heads - 1}", f"{where}.sync_heads")
+
+    def synchronised_layer(self, dec_layers: int) -> int:
+        return self.sync_layer if self.sync_layer is not None else max(1, dec_layers - 1)
 
 
 @register("syncattn")
 class SyncAttn(DBSA):
     Params = SyncAttnParams
 
+    p: SyncAttnParams
+
     def __init__(self, params: SyncAttnParams, model_cfg) -> None:
         super().__init__(params, model_cfg)
-        self.p: SyncAttnParams = params
-        depth = model_cfg.dec_layers
-        self.sync_layer = params.sync_layer if params.sync_layer is not None else max(1, depth - 1)
-        if not 1 <= self.sync_layer <= depth:
-            raise ConfigError(f"layer {self.sync_layer} is outside the decoder's layers 1..{depth}",
-                              "sync_layer")
-        heads = params.sync_heads
-        n = model_cfg.n_heads
-        self.sync_head_list = list(range(n)) if heads == "all" else (
-            list(range(heads)) if isinstance(heads, int) else list(heads))
-        if not self.sync_head_list or not all(0 <= h < n for h in self.sync_head_list):
-            raise ConfigError(f"heads must lie in 0..{n - 1}", "sync_heads")
+        self.sync_layer = params.synchronised_layer(model_cfg.dec_layers)
+        self.sync_head_list = resolve_heads(params.sync_heads, model_cfg.n_heads)
 
     def _keys(self) -> tuple[RecordKey, RecordKey, RecordKey]:
         layer = self.p.layers[0] - 1

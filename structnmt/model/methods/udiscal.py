@@ -35,6 +35,7 @@ class UdiscalParams(MethodParams):
     variance: float = 1.0
 
     def validate(self, where: str) -> None:
+        super().validate(where)
         check_site(self, "encoder", "self", where)
         check_range(self.variance, 0.0, math.inf, f"{where}.variance", low_open=True)
 
@@ -53,11 +54,11 @@ class UdiscalPlugin(AttentionPlugin):
 
 
 @register("udiscal")
-class Udiscal(Method):
+class Udiscal(Method[UdiscalParams]):
     Params = UdiscalParams
     needs = {"src": ("dist",)}
     needs_at_inference = {"src": ("dist",)}
 
     def make_plugin(self, site: Site) -> AttentionPlugin:
-        p: UdiscalParams = self.p  # type: ignore[assignment]
+        p = self.p
         return UdiscalPlugin(self.head_list(), p.variance)

@@ -1,0 +1,110 @@
+"""The checks every registered method gets without a line of its own: a new method is one file
+plus the tests of its own formulas.
+
+For each method of the registry (with the entries of ``registry_cases``): its config entry
+survives a save and a reload unchanged, a layer or head outside the model is refused naming the
+field and the stack, it adds parameters exactly when it says so, and it trains (a finite loss,
+gradients that reach every parameter it adds) and translates from source-side fields alone on
+the synthetic task. Every recipe in ``configs/`` loads and builds its model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from registry_cases import all_cases, batches, make_model, prepare_synthetic, registered_methods, vocab_size
+
+import structnmt
+from structnmt.config import config_from_dict, to_dict
+from structnmt.decoding.search import beam_search
+from structnmt.errors import ConfigError
+from structnmt.model.losses import label_smoothed_nll
+from structnmt.model.transformer import Transformer
+
+ROOT = Path(__file__).resolve().parents[1]
+METHOD_CASES = {case: entries for case, entries in all_cases().items() if entries}
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def _model_section(entries: list[dict], **kw) -> dict:
+    return {"enc_layers": 2, "dec_layers": 3, "d_model": 32, "n_heads": 4, "d_ff": 64, "methods": entries, **kw}
+
+
+@pytest.mark.parametrize("case", sorted(METHOD_CASES))
+def test_a_method_entry_survives_a_save_and_a_reload(case):
+    entries = METHOD_CASES[case]
+    cfg = config_from_dict({"model": _model_section(entries)})
+    assert [type(p).__name__ for p in cfg.model.methods] == [
+        type(p).__name__ for p in config_from_dict({"model": _model_section(entries)}).model.methods]
+    saved = to_dict(cfg)
+    assert saved["model"]["methods"] == entries  # saved (and hashed) as written
+    again = config_from_dict(saved)
+    assert again.model.methods == cfg.model.methods and to_dict(again) == saved
+
+
+@pytest.mark.parametrize("name", sorted(registered_methods()))
+def test_a_layer_or_head_outside_the_model_is_refused_naming_the_field_and_the_stack(name):
+    entry = next(e for entries in METHOD_CASES.values() for e in entries if e["name"] == name)
+    stacks = config_from_dict({"model": _model_section([entry])}).model.methods[0].stacks()
+    depth = {"encoder": 2, "decoder": 3}
+    past = max(depth[s] for s in stacks) + 1  # beyond every stack the method acts in
+    messages = []
+    # [past] alone, and 1..past for methods that want layers without gaps (deep context)
+    for layers in ([past], list(range(1, past + 1))):
+        with pytest.raises(ConfigError) as err:
+            config_from_dict({"model": _model_section([{**entry, "layers": layers}])})
+        assert err.value.field == "model.methods[0].layers"
+        messages.append(str(err.value))
+    assert any(f"layer {past} is outside the {s}'s layers 1..{depth[s]}" in m for m in messages for s in stacks), \
+        messages
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"model": _model_section([{**entry, "heads": [4]}])})
+    assert err.value.field == "model.methods[0].heads" and "head 4 is outside 0..3" in str(err.value)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return prepare_synthetic(tmp_path_factory.mktemp("registry"), train=40, test=8)
+
+
+@pytest.mark.parametrize("case", sorted(METHOD_CASES))
+def test_a_method_trains_and_translates_from_source_fields_alone(dataset, case):
+    torch.manual_seed(0)
+    vocab = vocab_size(dataset)
+    model = make_model(case, vocab, dropout=0.0).train()
+    vanilla = make_model("vanilla", vocab)
+    added = model.num_parameters() - vanilla.num_parameters()
+    assert (added > 0) == any(m.adds_parameters for m in model.methods)
+
+    batch = batches(dataset, "train", model)[0]
+    out = model(batch)
+    loss, _ = label_smoothed_nll(out.logits, batch.tgt_out, 0.1)
+    loss = loss + sum(out.losses.values(), torch.zeros(()))
+    assert torch.isfinite(loss)
+    loss.backward()
+    own = {n for n, _ in model.named_parameters()} - {n for n, _ in vanilla.named_parameters()}
+    for name, p in model.named_parameters():
+        if name in own:  # every parameter the method adds is trained by something
+            assert p.grad is not None and torch.isfinite(p.grad).all() and p.grad.abs().sum() > 0, name
+
+    model.eval()
+    src_only = batches(dataset, "test", model, inference=True)[0]
+    assert not src_only.struct["tgt"]
+    hyps = beam_search(model, src_only, beam=2, max_len_a=0.0, max_len_b=5, nbest=1)
+    assert len(hyps) == len(src_only.index) and all(len(h[0].tokens) <= 5 for h in hyps)
+
+
+RECIPES = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_every_recipe_loads_and_builds_its_model(recipe, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    cfg = structnmt.load_config(Path("configs") / recipe)
+    model = Transformer(cfg.model, 100, 100)  # the recipe's sites exist in the recipe's model
+    assert len(model.methods) == len(cfg.model.methods)
+    for method in model.methods:
+        for site in method.sites():
+            assert model.attention(site).site == site
