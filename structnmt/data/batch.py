@@ -9,7 +9,7 @@ Token layout (fairseq-like):
 Structure tensors (``struct["src"]``, ``struct["tgt"]``) are aligned with the tensors the
 attention sees: source fields with ``src`` positions, target fields with ``tgt_in``
 positions (so target token ``m`` sits at position ``m + 1`` behind BOS). Only the fields
-some method asked for are present. Field meanings (METHODS.md):
+some method asked for are present. Field meanings (docs/structures.md, "The fields"):
 
 =============== ============ ==============================================================
 field           shape        meaning

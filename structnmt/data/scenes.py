@@ -1,8 +1,9 @@
 """Scenes for SASA / SACrA: derived from dependency trees, or read from UCCA passages.
 
 The paper (sasa-sacra-semantics) takes scenes from a UCCA parser. Where none is installed
-METHODS.md derives them from the dependency tree: every clause head starts a scene. UCCA
-passages a user already has (e.g. TUPA output) are read here with the standard library and
+they are derived from the dependency tree: every clause head starts a scene (docs/structures.md
+"Scenes", docs/methods_source.md "Scenes from the dependency tree"). UCCA passages a user
+already has (e.g. TUPA output) are read here with the standard library and
 mapped onto the words of the dependency tree, so both sources give the same ``Scenes``.
 """
 
@@ -53,8 +54,9 @@ def _top_down(heads: list[int]) -> list[int]:
 
 
 def clause_heads(tree: DepTree) -> list[bool]:
-    """Which words start a scene (METHODS.md "Scenes"): the root, dependents by a clause
-    relation, and conjuncts of a clause head that are predicates themselves.
+    """Which words start a scene (docs/methods_source.md, "Scenes from the dependency tree"):
+    the root, dependents by a clause relation, and conjuncts of a clause head that are
+    predicates themselves.
 
     "A conj of a verb" must be decided from the tree's relations alone: trees carry no part of
     speech (stored datasets, CoNLL-U without UPOS, every parser back end alike), and one rule
@@ -109,7 +111,7 @@ def scenes_from_clause_heads(tree: DepTree, is_head: list[bool]) -> Scenes:
 
 
 def derive_scenes(tree: DepTree) -> Scenes:
-    """Scenes of a UD tree (METHODS.md "Scenes"): a scene per clause head (``clause_heads``)."""
+    """Scenes of a UD tree (docs/structures.md "Scenes"): a scene per clause head (``clause_heads``)."""
     return scenes_from_clause_heads(tree, clause_heads(tree))
 
 

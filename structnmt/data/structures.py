@@ -1,7 +1,7 @@
 """From word-level trees to the sub-word structures the attention plug-ins read.
 
-A parser sees words, the model sees sub-words. Everything here follows METHODS.md
-("Structures and sub-words"): sub-words are aligned to words by character offsets, every
+A parser sees words, the model sees sub-words. docs/structures.md describes what is built
+here and why: sub-words are aligned to words by character offsets, every
 sub-word inherits its word's structure, and the dense (B, L) / (B, L, L) batch fields of
 ``structnmt/data/batch.py`` are built from small word-level matrices indexed by
 ``word_index``, so the cost per token is numpy indexing rather than Python loops.
@@ -89,7 +89,7 @@ def merge_words_sharing_pieces(tree: DepTree, piece_spans: Sequence[tuple[int, i
     """Merge words that a single sub-word spans into one tree node.
 
     A parser may cut a string finer than the sub-word model does (spaCy reads "id" as
-    "i" + "d"; one piece "▁id" covers both). METHODS.md gives every sub-word one word, so
+    "i" + "d"; one piece "▁id" covers both). Every sub-word has one word (docs/structures.md), so
     such words become one node: it takes the head and label of its member closest to the
     root (contracting there cannot create a cycle: no ancestor of the shallowest member is in
     the group), and every arc into a member points to the node. Trees whose words each get a
@@ -132,7 +132,7 @@ def merge_words_sharing_pieces(tree: DepTree, piece_spans: Sequence[tuple[int, i
 
 
 def project(tree: DepTree, word_index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``parent_first`` (int32) and ``parent_mid`` (float32) of every sub-word (METHODS.md).
+    """``parent_first`` (int32) and ``parent_mid`` (float32) of every sub-word (docs/structures.md, "The fields").
 
     Positions are 0-based sub-word positions within the sentence (no BOS/EOS); the batch
     shifts them. The root's parent is the root itself, so its sub-words point at their own

@@ -1,6 +1,6 @@
 """Moses tokenisation and SentencePiece sub-words that know where each piece sits in the text.
 
-Structures are aligned to sub-words by character offsets (METHODS.md), so every piece
+Structures are aligned to sub-words by character offsets (docs/structures.md), so every piece
 comes with its ``(start, end)`` span in the string it was encoded from. When Moses
 tokenisation is on, that string is the *Moses-tokenised* sentence (tokens separated by
 single spaces): the parser and SentencePiece both read it, so word spans and piece spans
