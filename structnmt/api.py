@@ -320,7 +320,8 @@ def inspect(run: str | Path, what: Literal["trees", "phrases", "align", "heads"]
             split: str = "test", side: Literal["src", "tgt"] = "src", layer: int | None = None,
             gold: str | Path | None = None, gold_format: GoldFormat = "auto",
             boundary: Literal["auto", "before", "after"] = "auto", dataset: str | Path | None = None,
-            out: str | Path | None = None, device: str | None = "cpu") -> dict[str, Any]:
+            out: str | Path | None = None, device: str | None = "cpu", conllu: str | Path | None = None,
+            src: str | Path | None = None, tgt: str | Path | None = None) -> dict[str, Any]:
     """Read learned structure out of a run and score it (``structnmt inspect``).
 
     ``trees``: DBSA/SISA heads -> dependency trees, UAS against the split's trees;
@@ -329,10 +330,15 @@ def inspect(run: str | Path, what: Literal["trees", "phrases", "align", "heads"]
     Pharaoh (0-based) or talp (1-based, ``ipj`` possible links) files, ``gold_format`` telling
     which or ``auto``; ``heads``: every encoder head's attention to each word's parent in the
     split's trees (any model, vanilla included). ``layer`` is 1-based. Outputs go to ``out`` (default ``RUN/inspect``).
+
+    Without a prepared dataset: ``trees`` with ``conllu`` scores the head against any CoNLL-U
+    file's trees (projected onto the run's sub-words; ``src`` gives the sources when ``side`` is
+    tgt), ``align`` with ``src``, ``tgt`` and ``gold`` against any alignment test set.
     """
     from structnmt.evaluation.inspect_run import inspect_run
 
-    return inspect_run(run, what, checkpoint, split, side, layer, gold, gold_format, boundary, dataset, out, device)
+    return inspect_run(run, what, checkpoint, split, side, layer, gold, gold_format, boundary, dataset, out, device,
+                       conllu, src, tgt)
 
 
 def methods() -> dict[str, dict[str, Any]]:

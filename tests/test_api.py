@@ -194,6 +194,41 @@ def test_inspect_align_reads_talp_gold_as_pharaoh(here: Path, capsys: pytest.Cap
     assert '"aer": ' in out
 
 
+def test_inspect_align_against_gold_files_equals_the_prepared_split(here: Path, capsys) -> None:
+    """Without a dataset: the test files and their gold links give the prepared split's scores
+    (the synthetic task's words are its whitespace words)."""
+    gold = here / "demo/data/test.align"
+    split = structnmt.inspect("demo/run", "align", gold=gold, out=here / "inspect")
+    files = structnmt.inspect("demo/run", "align", gold=gold, src="demo/data/test.src", tgt="demo/data/test.tgt",
+                              out=here / "inspect_gold")
+    assert {k: files[k] for k in split} == split and files["sentences"] == 12
+    assert (here / "inspect_gold" / "test.align").read_text() == (here / "inspect" / "test.align").read_text()
+    short = here / "short.tgt"
+    short.write_text("".join((here / "demo/data/test.tgt").read_text().splitlines(keepends=True)[:5]))
+    code, _, err = cli(capsys, "inspect", "align", "demo/run", "--src", "demo/data/test.src", "--tgt", str(short),
+                       "--gold", str(gold))
+    assert code == 2 and "short.tgt: 5 lines of targets for 12 sentences" in err
+
+
+def test_inspect_trees_against_a_conllu_file_equals_the_prepared_split(here: Path, capsys) -> None:
+    """A DBSA head on both sides held against the test split's CoNLL-U trees given as files:
+    the same trees and UAS as against the trees the dataset stored from those files."""
+    overrides = {**TINY, "training.max_steps": 10, "training.out_dir": "dbsa_run",
+                 "model.methods": [{"name": "dbsa", "stack": ["encoder", "decoder"], "heads": [0]}]}
+    structnmt.train("configs/demo.yaml", overrides)
+    for side, extra in (("src", {}), ("tgt", {"src": "demo/data/test.src"})):
+        split = structnmt.inspect("dbsa_run", "trees", side=side, out=here / "inspect")
+        files = structnmt.inspect("dbsa_run", "trees", side=side, conllu=f"demo/data/test.{side}.conllu",
+                                  out=here / "inspect_gold", **extra)
+        assert files["uas"] == split["uas"] and files["sentences"] == split["sentences"] == 12
+        assert files["merged_words"] == 0 and files["right_branching_uas"] == split["right_branching_uas"]
+        assert (here / "inspect_gold" / f"test.{side}.heads").read_text() == \
+            (here / "inspect" / f"test.{side}.heads").read_text()
+    code, out, err = cli(capsys, "inspect", "trees", "dbsa_run", "--side", "tgt", "--conllu",
+                         "demo/data/test.tgt.conllu")
+    assert code == 2 and "give --src FILE" in err
+
+
 def test_inspect_heads_scores_every_encoder_head_against_the_stored_trees(here: Path, capsys) -> None:
     import json
 

@@ -182,7 +182,8 @@ def cmd_parser_evaluate(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     out = Path(args.out or Path(args.run) / "inspect")
     scores = api.inspect(args.run, args.what, args.checkpoint, args.split, args.side, args.layer, args.gold,
-                         args.gold_format, args.boundary, args.dataset, out, args.device)
+                         args.gold_format, args.boundary, args.dataset, out, args.device, args.conllu, args.src,
+                         args.tgt)
     print(json.dumps(scores, indent=2))
     print(f"written to {out}", file=sys.stderr)
     return 0
@@ -383,6 +384,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--boundary", choices=["auto", "before", "after"], default="auto",
                    help="phrases: the word boundary a token's LPSI distance marks: before it (PRPN) or after "
                         "it (the paper's wording); auto: before on the source side, after on the target side")
+    s.add_argument("--conllu", help="trees: score against this CoNLL-U file's trees instead of a prepared split")
+    s.add_argument("--src", help="align: source sentences of --gold (with --tgt); trees --side tgt: the sources")
+    s.add_argument("--tgt", help="align: target sentences of --gold (with --src)")
     s.add_argument("--dataset")
     s.add_argument("--out", help="default: RUN/inspect")
     s.add_argument("--device", default="cpu")

@@ -168,6 +168,13 @@ class Preprocessor:
         word_index = align_pieces_to_words(spans, tree.spans, path, line)
         return Side(ids=ids, word_index=word_index, tree=tree, scenes=self._scenes(side, tree, split, line))
 
+    def encode_with_tree(self, side: str, text: str, tree: DepTree, path: str | None = None,
+                         line: int = 0) -> Side:
+        """One side of a sentence with a given tree (a gold one, say), built exactly as
+        ``prepare`` builds a parsed side: sub-words aligned to the tree's words, words that share
+        a piece merged, scenes when the side derives them."""
+        return self._side(side, text, tree, "gold", line, path)
+
     def _scenes(self, side: str, tree: DepTree, split: str, line: int) -> Scenes | None:
         cfg = self.side_cfg(side)
         if cfg.scenes == "none":

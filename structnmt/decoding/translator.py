@@ -176,9 +176,9 @@ class Translator:
         heads, J, J), ``cross`` (layers, heads, J, I), labelled by ``source_tokens`` (I sub-words
         ending in ``</s>``) and ``target_tokens`` (J: ``<s>`` and the target's sub-words).
         """
-        (example,) = self._encode([source])
-        batch = collate_examples([example], self._fields(), self.labels)
-        ids = None if target is None else self._target_ids(target)
+        (example,) = self.encode_sources([source])
+        batch = collate_examples([example], self.source_fields(), self.labels)
+        ids = None if target is None else self.target_ids(target)
         return attention_maps(self.model, self.preprocessor, batch, self.config.decoding, ids)
 
     @torch.no_grad()
@@ -194,10 +194,10 @@ class Translator:
         sources, references = _sentences(sources), _sentences(references)
         if len(sources) != len(references):
             raise DataError(f"{len(sources)} sources but {len(references)} references")
-        examples = self._encode(sources)
+        examples = self.encode_sources(sources)
         for example, reference in zip(examples, references):
-            example.tgt = Side(ids=self._target_ids(reference))
-        fields = self._fields()
+            example.tgt = Side(ids=self.target_ids(reference))
+        fields = self.source_fields()
         out = np.zeros(len(examples))
         lengths = [max(len(ex.src.ids), len(ex.tgt.ids)) for ex in examples]  # type: ignore[union-attr]
         for indices in length_batches(lengths, self.config.decoding.max_tokens):
@@ -214,21 +214,21 @@ class Translator:
         return out.tolist()
 
     # -- pieces ------------------------------------------------------------------
-    def _fields(self) -> dict[str, set[str]]:
+    def source_fields(self) -> dict[str, set[str]]:
         needs = self.model.structure_needs(inference=True)
         return {"src": needs["src"], "tgt": set()}
 
-    def _encode(self, sources: list[str]) -> list[Example]:
+    def encode_sources(self, sources: list[str]) -> list[Example]:
         """Source examples as ``translate`` builds them (parsed only if a method reads trees)."""
         limit = self.model.cfg.max_positions - 1
-        examples = self.preprocessor.encode_sources(sources, with_structure=bool(self._fields()["src"]))
+        examples = self.preprocessor.encode_sources(sources, with_structure=bool(self.source_fields()["src"]))
         for number, example in enumerate(examples, start=1):
             if len(example.src.ids) > limit:
                 raise DataError(f"{len(example.src.ids)} sub-words; the model reads at most {limit} "
                                 "(model.max_positions)", "<input>", number)
         return examples
 
-    def _target_ids(self, text: str) -> np.ndarray:
+    def target_ids(self, text: str) -> np.ndarray:
         pre = self.preprocessor
         ids, _ = pre.subwords["tgt"].encode(pre.tokenise("tgt", text))
         limit = self.model.cfg.max_positions - 1

@@ -275,3 +275,10 @@ def read_talp(path: str | Path) -> list[tuple[set[Link], set[Link]]]:
 def write_pharaoh(alignments: Iterable[set[Link]]) -> str:
     """Pharaoh text (``i-j`` links sorted, one sentence a line) of predicted alignments."""
     return "".join(" ".join(f"{i}-{j}" for i, j in sorted(links)) + "\n" for links in alignments)
+
+
+def diagonal_links(n_src: int, n_tgt: int) -> set[tuple[int, int]]:
+    """The diagonal baseline: each target word linked to the source word at the same relative position."""
+    if n_src == 0 or n_tgt == 0:
+        return set()
+    return {(min(n_src - 1, round(j * n_src / n_tgt)), j) for j in range(n_tgt)}

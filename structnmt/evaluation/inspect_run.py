@@ -28,7 +28,7 @@ from structnmt.data.dataset import ParallelDataset
 from structnmt.data.structures import can_build
 from structnmt.decoding.translate import length_batches
 from structnmt.errors import ConfigError, DataError
-from structnmt.evaluation.alignment import GoldFormat, corpus_aer, read_alignments, write_pharaoh
+from structnmt.evaluation.alignment import GoldFormat, corpus_aer, diagonal_links, read_alignments, write_pharaoh
 from structnmt.evaluation.inspect import (
     best_offset_accuracy,
     cross_attention_alignments,
@@ -78,13 +78,6 @@ def _right_branching(words: list[str], n: int) -> list[tuple[int, int]]:
     if n > 2 and len(words) == n and not any(ch.isalnum() for ch in words[-1]):
         return [(0, n)] + right_branching_brackets(n - 1)
     return right_branching_brackets(n)
-
-
-def _diagonal(n_src: int, n_tgt: int) -> set[tuple[int, int]]:
-    """Each target word linked to the source word at the same relative position."""
-    if n_src == 0 or n_tgt == 0:
-        return set()
-    return {(min(n_src - 1, round(j * n_src / n_tgt)), j) for j in range(n_tgt)}
 
 
 def _read_brackets(path: str) -> list[list[tuple[int, ...]]]:
@@ -154,7 +147,7 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
         sure = [s for s, _ in gold_links]
         possible = [p for _, p in gold_links]
         atomic_write_text(out_dir / f"{name}.align", write_pharaoh([a.symmetrised for a in found]))
-        diagonal = [_diagonal(s, t) for s, t in n_words]
+        diagonal = [diagonal_links(s, t) for s, t in n_words]
         scores = {
             "tgt2src": corpus_aer(sure, possible, [a.tgt2src for a in found]),
             "src2tgt": corpus_aer(sure, possible, [a.src2tgt for a in found]),
@@ -185,10 +178,15 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
 def inspect_run(run: str | Path, what: str, checkpoint: str | Path | None = None, split: str = "test",
                 side: str = "src", layer: int | None = None, gold: str | Path | None = None,
                 gold_format: GoldFormat = "auto", boundary: str = "auto", dataset: str | Path | None = None,
-                out: str | Path | None = None, device: str | None = "cpu") -> dict:
+                out: str | Path | None = None, device: str | None = "cpu", conllu: str | Path | None = None,
+                src: str | Path | None = None, tgt: str | Path | None = None) -> dict:
     """:func:`inspect_split` on a run's checkpoint (``best.pt``, else ``last.pt``); ``layer`` is
     1-based here (default: the method's first layer, the penultimate decoder layer for
-    ``align``); results go to ``out`` (default ``RUN/inspect``)."""
+    ``align``); results go to ``out`` (default ``RUN/inspect``).
+
+    Against a gold file instead of a prepared split (:mod:`structnmt.evaluation.inspect_gold`):
+    ``trees`` with ``conllu`` (and ``src`` for the target side), ``align`` with ``src``, ``tgt``
+    and ``gold``."""
     from structnmt.decoding.translator import load_translator
     from structnmt.evaluation.run_eval import run_checkpoint
 
@@ -201,6 +199,20 @@ def inspect_run(run: str | Path, what: str, checkpoint: str | Path | None = None
     depth = model.cfg.dec_layers if stack == "decoder" else model.cfg.enc_layers
     if layer is not None and not 1 <= layer <= depth:
         raise ConfigError(f"layer {layer} is outside the {stack}'s layers 1..{depth}", "layer")
+    out_dir = Path(out) if out is not None else run / "inspect"
+    layer0 = None if layer is None else layer - 1
+    if what == "trees" and conllu is not None:
+        from structnmt.evaluation.inspect_gold import inspect_trees_gold
+
+        return inspect_trees_gold(translator, conllu, out_dir, side, layer0, src, tgt)
+    if what == "align" and (src is not None or tgt is not None):
+        from structnmt.evaluation.inspect_gold import inspect_align_gold
+
+        if src is None or tgt is None or gold is None:
+            raise DataError("alignments against a gold file need --src, --tgt and --gold")
+        return inspect_align_gold(translator, src, tgt, gold, out_dir, layer0, gold_format)
+    if conllu is not None or src is not None or tgt is not None:
+        raise ConfigError("--conllu goes with trees, --src/--tgt with align (and trees on the target side)", what)
     data = ParallelDataset(translator.dataset_dir, split)
     return inspect_split(model, data, what, Path(out) if out is not None else run / "inspect", side=side,
                          layer=None if layer is None else layer - 1, gold=None if gold is None else str(gold),
