@@ -103,7 +103,7 @@ def beam_agreement(model: Any, data: Path, device: Any, precisions: tuple[str, .
 
     import torch
 
-    from structnmt.decoding.search import beam_search
+    from structnmt.model.search import beam_search
     from tests.registry_cases import batches
 
     cpu_model = copy.deepcopy(model).to("cpu").float()

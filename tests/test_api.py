@@ -139,7 +139,7 @@ def test_attention_maps_of_every_layer_and_head(here: Path) -> None:
 
 def test_score_is_the_log_probability_greedy_search_reports(here: Path) -> None:
     from structnmt.data.batching import collate_examples
-    from structnmt.decoding.search import greedy_search
+    from structnmt.model.search import greedy_search
 
     translator = structnmt.load(CHECKPOINT, device="cpu")
     sources = (here / "demo/data/test.src").read_text(encoding="utf-8").splitlines()[:4]

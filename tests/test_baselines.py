@@ -16,12 +16,12 @@ import torch
 
 from structnmt.config import ModelConfig, load_config
 from structnmt.data.batch import BOS_ID, EOS_ID, PAD_ID, Batch
-from structnmt.decoding.search import greedy_search
 from structnmt.errors import ConfigError, DataError
 from structnmt.model.losses import label_smoothed_nll
 from structnmt.model.methods import AttentionContext, Site, build_methods
 from structnmt.model.methods.localness import LocalnessPlugin
 from structnmt.model.methods.relative_position import RelativePositionPlugin
+from structnmt.model.search import greedy_search
 from structnmt.model.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]

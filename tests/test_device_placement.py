@@ -30,8 +30,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from structnmt.data.batch import BOS_ID
-from structnmt.decoding.search import beam_search, greedy_search
 from structnmt.model.losses import label_smoothed_nll
+from structnmt.model.search import beam_search, greedy_search
 from tests.registry_cases import (
     all_cases,
     batches,

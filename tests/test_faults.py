@@ -360,7 +360,7 @@ def always_a_word(monkeypatch: pytest.MonkeyPatch, pre) -> None:
     """Decoding that answers every sentence with one word (a model this small answers with nothing),
     so that an empty line's output tells whether the line was decoded at all."""
     import structnmt.decoding.translate as translate
-    from structnmt.decoding.search import Hypothesis
+    from structnmt.model.search import Hypothesis
 
     word = [int(i) for i in pre.subwords["tgt"].encode("clock")[0]]
     monkeypatch.setattr(translate, "translate_batch", lambda model, batch, *a, **k: [

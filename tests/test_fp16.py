@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from structnmt.config import TrainingConfig
-from structnmt.decoding.search import beam_search
+from structnmt.model.search import beam_search
 from structnmt.training.environment import pick_precision
 from structnmt.training.updater import Updater
 from tests.registry_cases import (

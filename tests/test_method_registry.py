@@ -18,9 +18,9 @@ from registry_cases import all_cases, batches, make_model, prepare_synthetic, re
 
 import structnmt
 from structnmt.config import config_from_dict, to_dict
-from structnmt.decoding.search import beam_search
 from structnmt.errors import ConfigError
 from structnmt.model.losses import label_smoothed_nll
+from structnmt.model.search import beam_search
 from structnmt.model.transformer import Transformer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -7,8 +7,8 @@ import torch
 
 from structnmt.config import ModelConfig
 from structnmt.data.batch import BOS_ID, EOS_ID, PAD_ID, Batch
-from structnmt.decoding.search import beam_search, greedy_search, length_penalty
 from structnmt.model.losses import label_smoothed_nll
+from structnmt.model.search import beam_search, greedy_search, length_penalty
 from structnmt.model.transformer import Transformer
 
 V = 40

@@ -18,8 +18,8 @@ import torch
 from structnmt.config import DecodingConfig
 from structnmt.data.batch import BOS_ID, Batch
 from structnmt.data.pipeline import Preprocessor
-from structnmt.decoding.search import translate_batch
 from structnmt.model.methods import RecordKey
+from structnmt.model.search import translate_batch
 from structnmt.model.transformer import Transformer
 
 

@@ -20,8 +20,8 @@ from structnmt.data.batch import Batch
 from structnmt.data.batching import collate, collate_examples
 from structnmt.data.dataset import ParallelDataset
 from structnmt.data.pipeline import Preprocessor
-from structnmt.decoding.search import Hypothesis, translate_batch
 from structnmt.errors import DataError
+from structnmt.model.search import Hypothesis, translate_batch
 from structnmt.model.transformer import Transformer
 
 

@@ -44,7 +44,7 @@ def validate(model: nn.Module, batches: Iterable[tuple[Any, Batch]], dataset: An
             nll_sum += float(nll)
             tokens += batch.n_tgt_tokens
             if decode is not None:
-                from structnmt.decoding.search import translate_batch
+                from structnmt.model.search import translate_batch
 
                 src_only = Batch(src=batch.src, struct={"src": batch.struct.get("src", {}), "tgt": {}},
                                  index=batch.index)
