@@ -32,18 +32,34 @@ import types
 import typing
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
-from structnmt.config import ExperimentConfig, load_config, to_dict
+from structnmt.config import ExperimentConfig, from_dict, load_config, to_dict
 from structnmt.errors import ConfigError
 
-STUDY_FIELDS = {"name", "baseline", "seeds", "max_steps", "test_sets", "overrides", "recipes", "records",
-                "work_dir", "executor", "slurm", "long_dependency", "test_checkpoint"}
-RECIPE_FIELDS = {"name", "config", "overrides", "seeds"}
-EXECUTOR_FIELDS = {"kind", "jobs", "threads", "nice"}
-SLURM_FIELDS = {"partition", "time_min", "gpus_per_run", "cpus_per_run", "mem_gb", "options", "max_requeue"}
+
+def _check_name(value: str, where: str) -> None:
+    if not value or "/" in value:
+        raise ConfigError(f"expected a name without '/', got {value!r}", where)
+
+
+def _check_seeds(seeds: list[int] | None, where: str) -> None:
+    if seeds is None:
+        return
+    if not seeds:
+        raise ConfigError("expected a non-empty list of integers", where)
+    for i, seed in enumerate(seeds):
+        if seed < 0:
+            raise ConfigError(f"must not be negative, got {seed}", f"{where}[{i}]")
+    if len(set(seeds)) != len(seeds):
+        raise ConfigError(f"a seed is listed twice: {seeds}", where)
+
+
+def _at_least(value: int | None, minimum: int, where: str) -> None:
+    if value is not None and value < minimum:
+        raise ConfigError(f"must be at least {minimum}, got {value}", where)
 
 
 @dataclass
@@ -53,13 +69,24 @@ class Recipe:
     overrides: dict[str, Any] = field(default_factory=dict)
     seeds: list[int] | None = None  # its own seeds (a baseline often gets more); None: the study's
 
+    def validate(self, where: str) -> None:
+        _check_name(self.name, f"{where}.name")
+        if not Path(self.config).is_file():
+            raise ConfigError(f"no such recipe file: {self.config!r}", f"{where}.config")
+        _check_seeds(self.seeds, f"{where}.seeds")
+
 
 @dataclass
 class ExecutorSpec:
-    kind: str = "local"  # local | slurm (submitit)
+    kind: Literal["local", "slurm", "submitit-local"] = "local"  # slurm and submitit-local: through submitit
     jobs: int = 1  # local: runs at once
     threads: int = 0  # threads of each run; 0: the machine's cores divided by jobs
     nice: int = 10  # local: niceness of the run processes
+
+    def validate(self, where: str) -> None:
+        _at_least(self.jobs, 1, f"{where}.jobs")
+        _at_least(self.threads, 0, f"{where}.threads")
+        _at_least(self.nice, 0, f"{where}.nice")
 
 
 @dataclass
@@ -71,6 +98,45 @@ class SlurmSpec:
     mem_gb: int | None = None
     options: dict[str, Any] = field(default_factory=dict)  # more sbatch options (account, qos, ...)
     max_requeue: int = 5
+
+    def validate(self, where: str) -> None:
+        for name in ("time_min", "gpus_per_run", "cpus_per_run", "max_requeue"):
+            _at_least(getattr(self, name), 0, f"{where}.{name}")
+        _at_least(self.mem_gb, 1, f"{where}.mem_gb")
+
+
+@dataclass
+class StudyFile:
+    """A study file as written, read with the config loader's typed machinery (unknown fields,
+    types and ranges refused naming the field)."""
+
+    name: str
+    baseline: str
+    seeds: list[int]
+    max_steps: int
+    recipes: list[Recipe]
+    test_sets: list[str] | None = None
+    overrides: dict[str, Any] = field(default_factory=dict)
+    records: str | None = None
+    work_dir: str | None = None
+    executor: ExecutorSpec = field(default_factory=ExecutorSpec)
+    slurm: SlurmSpec = field(default_factory=SlurmSpec)
+    long_dependency: int = 7
+    test_checkpoint: Literal["last", "best"] = "last"  # best: the checkpoint its validation picks
+
+    def validate(self, where: str) -> None:
+        _check_name(self.name, "name")
+        _check_seeds(self.seeds, "seeds")
+        _at_least(self.max_steps, 1, "max_steps")
+        _at_least(self.long_dependency, 0, "long_dependency")
+        if not self.recipes:
+            raise ConfigError("expected a non-empty list of {name, config, overrides}", "recipes")
+        names: set[str] = set()
+        for i, recipe in enumerate(self.recipes):
+            if recipe.name in names:
+                raise ConfigError(f"duplicate recipe name {recipe.name!r}", f"recipes[{i}].name")
+            names.add(recipe.name)
+        _check_baseline(self.baseline, self.recipes)
 
 
 @dataclass
@@ -96,7 +162,10 @@ class Study:
     def with_baseline(self, name: str) -> Study:
         """The same study compared against another of its recipes (a control against the
         method it controls, say)."""
-        _check_baseline(name, self.recipes, self.path)
+        try:
+            _check_baseline(name, self.recipes)
+        except ConfigError as err:
+            raise ConfigError(err.message, err.field, self.path) from None
         return replace(self, baseline=name)
 
     def seeds_of(self, recipe: str) -> list[int]:
@@ -142,31 +211,10 @@ class Study:
         return load_config(r.config, overrides)
 
 
-def _check_keys(raw: dict, allowed: set[str], where: str, path: Path) -> None:
-    for key in raw:
-        if key not in allowed:
-            raise ConfigError(f"unknown field (allowed: {', '.join(sorted(allowed))})",
-                              f"{where}.{key}" if where else str(key), path)
-
-
-def _int(value: Any, where: str, path: Path, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"expected an integer, got {value!r}", where, path)
-    if value < minimum:
-        raise ConfigError(f"must be at least {minimum}, got {value}", where, path)
-    return value
-
-
-def _test_checkpoint(value: Any, path: Path) -> str:
-    if value not in ("last", "best"):
-        raise ConfigError(f"must be last or best, got {value!r}", "test_checkpoint", path)
-    return value
-
-
-def _check_baseline(baseline: str, recipes: list[Recipe], path: Path) -> None:
+def _check_baseline(baseline: str, recipes: list[Recipe]) -> None:
     if baseline not in {r.name for r in recipes}:
         raise ConfigError(f"{baseline!r} is not one of the study's recipes ({', '.join(r.name for r in recipes)})",
-                          "baseline", path)
+                          "baseline")
 
 
 def load_study(path: str | Path) -> Study:
@@ -180,86 +228,19 @@ def load_study(path: str | Path) -> Study:
         raise ConfigError(f"not valid YAML ({err})", path=path) from None
     if not isinstance(raw, dict):
         raise ConfigError("a study file is a mapping (name, baseline, seeds, max_steps, recipes)", path=path)
-    _check_keys(raw, STUDY_FIELDS, "", path)
-    for key in ("name", "baseline", "seeds", "max_steps", "recipes"):
-        if key not in raw:
-            raise ConfigError("missing", key, path)
-    name = raw["name"]
-    if not isinstance(name, str) or not name or "/" in name:
-        raise ConfigError(f"expected a name without '/', got {name!r}", "name", path)
-    seeds = raw["seeds"]
-    if not isinstance(seeds, list) or not seeds:
-        raise ConfigError("expected a non-empty list of integers", "seeds", path)
-    seeds = [_int(s, f"seeds[{i}]", path) for i, s in enumerate(seeds)]
-    if len(set(seeds)) != len(seeds):
-        raise ConfigError(f"a seed is listed twice: {seeds}", "seeds", path)
-    max_steps = _int(raw["max_steps"], "max_steps", path, minimum=1)
-    overrides = raw.get("overrides") or {}
-    if not isinstance(overrides, dict):
-        raise ConfigError("expected a mapping of dotted fields to values", "overrides", path)
-    recipes: list[Recipe] = []
-    if not isinstance(raw["recipes"], list) or not raw["recipes"]:
-        raise ConfigError("expected a non-empty list of {name, config, overrides}", "recipes", path)
-    for i, item in enumerate(raw["recipes"]):
-        where = f"recipes[{i}]"
-        if not isinstance(item, dict):
-            raise ConfigError("expected {name: ..., config: ...}", where, path)
-        _check_keys(item, RECIPE_FIELDS, where, path)
-        rname, config = item.get("name"), item.get("config")
-        if not isinstance(rname, str) or not rname or "/" in rname:
-            raise ConfigError(f"expected a name without '/', got {rname!r}", f"{where}.name", path)
-        if any(r.name == rname for r in recipes):
-            raise ConfigError(f"duplicate recipe name {rname!r}", f"{where}.name", path)
-        if not isinstance(config, str) or not Path(config).is_file():
-            raise ConfigError(f"no such recipe file: {config!r}", f"{where}.config", path)
-        rover = item.get("overrides") or {}
-        if not isinstance(rover, dict):
-            raise ConfigError("expected a mapping of dotted fields to values", f"{where}.overrides", path)
-        rseeds = item.get("seeds")
-        if rseeds is not None:
-            if not isinstance(rseeds, list) or not rseeds:
-                raise ConfigError("expected a non-empty list of integers", f"{where}.seeds", path)
-            rseeds = [_int(s, f"{where}.seeds[{k}]", path) for k, s in enumerate(rseeds)]
-            if len(set(rseeds)) != len(rseeds):
-                raise ConfigError(f"a seed is listed twice: {rseeds}", f"{where}.seeds", path)
-        recipes.append(Recipe(rname, config, dict(rover), rseeds))
-    baseline = raw["baseline"]
-    _check_baseline(baseline, recipes, path)
-    test_sets = raw.get("test_sets")
-    if test_sets is not None and (not isinstance(test_sets, list) or not all(isinstance(t, str) for t in test_sets)):
-        raise ConfigError("expected a list of split names", "test_sets", path)
-    executor = raw.get("executor") or {}
-    if not isinstance(executor, dict):
-        raise ConfigError("expected a mapping such as {kind: local, jobs: 2}", "executor", path)
-    _check_keys(executor, EXECUTOR_FIELDS, "executor", path)
-    ex = ExecutorSpec(**executor)
-    if ex.kind not in ("local", "slurm", "submitit-local"):
-        raise ConfigError(f"must be local, slurm or submitit-local, got {ex.kind!r}", "executor.kind", path)
-    _int(ex.jobs, "executor.jobs", path, 1)
-    _int(ex.threads, "executor.threads", path, 0)
-    _int(ex.nice, "executor.nice", path, 0)
-    slurm = raw.get("slurm") or {}
-    if not isinstance(slurm, dict):
-        raise ConfigError("expected a mapping such as {partition: gpu, time_min: 240}", "slurm", path)
-    _check_keys(slurm, SLURM_FIELDS, "slurm", path)
-    for key in ("time_min", "gpus_per_run", "cpus_per_run", "max_requeue"):
-        if key in slurm:
-            _int(slurm[key], f"slurm.{key}", path)
-    if "mem_gb" in slurm and slurm["mem_gb"] is not None:
-        _int(slurm["mem_gb"], "slurm.mem_gb", path, 1)
-    if "options" in slurm and not isinstance(slurm["options"], dict):
-        raise ConfigError("expected a mapping of sbatch options", "slurm.options", path)
-    if "partition" in slurm and slurm["partition"] is not None and not isinstance(slurm["partition"], str):
-        raise ConfigError("expected a partition name", "slurm.partition", path)
+    try:
+        spec = from_dict(StudyFile, raw)
+    except ConfigError as err:
+        raise ConfigError(err.message, err.field, path) from None
     study = Study(
-        name=name, path=path, baseline=baseline, seeds=seeds, max_steps=max_steps, recipes=recipes,
-        test_sets=test_sets, overrides=dict(overrides),
-        records=Path(raw.get("records") or path.with_suffix("")),
-        work_dir=Path(raw.get("work_dir") or f"runs/study_{name}"),
-        executor=ex, slurm=SlurmSpec(**slurm),
-        long_dependency=_int(raw.get("long_dependency", 7), "long_dependency", path),
-        test_checkpoint=_test_checkpoint(raw.get("test_checkpoint", "last"), path),
+        name=spec.name, path=path, baseline=spec.baseline, seeds=spec.seeds, max_steps=spec.max_steps,
+        recipes=spec.recipes, test_sets=spec.test_sets, overrides=dict(spec.overrides),
+        records=Path(spec.records or path.with_suffix("")),
+        work_dir=Path(spec.work_dir or f"runs/study_{spec.name}"),
+        executor=spec.executor, slurm=spec.slurm, long_dependency=spec.long_dependency,
+        test_checkpoint=spec.test_checkpoint,
     )
+    recipes, seeds = spec.recipes, spec.seeds
     # every run's config, validated now: an unknown field in an override names its recipe
     datasets: dict[str, tuple[str, dict]] = {}
     for i, r in enumerate(recipes):
