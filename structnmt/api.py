@@ -392,6 +392,32 @@ def study_report(study: str | Path, out: str | Path | None = None, baseline: str
 # parsers
 
 
+def export_trees(config: ConfigLike, out: str | Path, overrides: Overrides = None) -> tuple[str, int]:
+    """Every tree of the dataset's parse cache as one file (``structnmt trees export``), so a study
+    can be redone elsewhere on exactly its trees; returns (the file's SHA-256, number of trees)."""
+    from structnmt.data.parsing.cache import export_trees as export
+    from structnmt.data.prepare import cache_dir_of
+
+    cfg = _config(config, overrides)
+    if cfg.data is None:
+        raise ConfigError("the config has no data section", "data")
+    return export(cache_dir_of(cfg.data), _path(out, "out"))  # type: ignore[arg-type]
+
+
+def import_trees(config: ConfigLike, file: str | Path, sha256: str | None = None,
+                 overrides: Overrides = None) -> dict[str, int]:
+    """Pin the dataset's parse cache to a trees file (``structnmt trees import``): ``prepare``
+    then builds the dataset from exactly those trees, whatever parser this machine has, and a
+    sentence the file lacks is an error. Returns the number of trees per side."""
+    from structnmt.data.parsing.cache import import_trees as pin
+    from structnmt.data.prepare import cache_dir_of
+
+    cfg = _config(config, overrides)
+    if cfg.data is None:
+        raise ConfigError("the config has no data section", "data")
+    return pin(_path(file, "file"), cache_dir_of(cfg.data), sha256)  # type: ignore[arg-type]
+
+
 def train_parser(lang: str | None = None, conllu: Sequence[str | Path] | None = None, out: str | Path | None = None,
                  dev: str | Path | None = None, preset: str | None = None, shared: str | Path = "../shared/data/ud",
                  steps: int | None = None, eval_frequency: int = 500) -> Path:

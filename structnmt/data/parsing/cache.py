@@ -8,11 +8,18 @@ model, :func:`structnmt.data.identity.parser_identity`): a cache made by another
 one that does not say, is never reused; it is emptied and rebuilt, with a message, so a
 retrained model of the same name and version cannot hand back the old model's trees.
 Entries are only ever added; delete the file to reclaim its space.
+
+Trees travel between machines as one file (:func:`export_trees`, :func:`import_trees`): a
+parser retrained on another machine from the same recipe may differ in a few arcs, so a study
+that must be redone exactly carries the trees it was trained on. An imported cache is *pinned*:
+it is used whatever parser the config names, and a sentence it does not hold is an error, never
+parsed afresh (a dataset with trees of two parsers would pass for either).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gzip
 import hashlib
 import json
 import sqlite3
@@ -22,6 +29,7 @@ from pathlib import Path
 from structnmt.data.example import DepTree
 from structnmt.data.parsing.base import Convention, Parser
 from structnmt.errors import DataError
+from structnmt.io import atomic_open, sha256_file
 
 #: how long a shard waits for another one's write to finish before giving up (seconds)
 BUSY_TIMEOUT = 600.0
@@ -50,6 +58,7 @@ class CachedParser:
         self.path = Path(cache_dir) / "parses.sqlite"
         self.hits = 0
         self.misses = 0
+        self.pinned: dict | None = None  # the imported trees file this cache holds, if any
         self._db: sqlite3.Connection | None = None
 
     def _connect(self, retried: bool = False) -> sqlite3.Connection:
@@ -64,7 +73,9 @@ class CachedParser:
             db.execute("CREATE TABLE IF NOT EXISTS trees (key BLOB PRIMARY KEY, tree TEXT)")
             row = db.execute("SELECT value FROM info WHERE key = 'parser'").fetchone()
             made_by = json.loads(row[0]) if row else None
-            if made_by != self.identity:
+            pinned = db.execute("SELECT value FROM info WHERE key = 'pinned'").fetchone()
+            self.pinned = json.loads(pinned[0]) if pinned else None
+            if made_by != self.identity and self.pinned is None:
                 if made_by is not None or db.execute("SELECT 1 FROM trees LIMIT 1").fetchone():
                     self.messages(f"{self.path}: made by {_describe(made_by)}, not by {_describe(self.identity)}; "
                                   "not reused (parsing afresh)")
@@ -104,6 +115,12 @@ class CachedParser:
         todo = [k for k, key in enumerate(keys) if key not in found or found[key].text != texts[k]]
         self.hits += len(texts) - len(todo)
         self.misses += len(todo)
+        if todo and self.pinned is not None:
+            k = todo[0]
+            line = lines[k] if lines else k + 1
+            raise DataError(f"the sentence of line {line} ({texts[k][:60]!r}) is not among the imported trees "
+                            f"({self.pinned['file']}, sha256 {self.pinned['sha256'][:12]}…): import the trees of "
+                            f"this corpus, or delete {self.path.parent} to parse afresh")
         if todo:
             parsed = self.parser.parse([texts[k] for k in todo], [lines[k] for k in todo] if lines else
                                        [k + 1 for k in todo])
@@ -130,3 +147,93 @@ def _describe(identity: dict | None) -> str:
     digest = identity.get("digest")
     model = f"model {digest[:12]}…" if digest else "model digest unknown"
     return f"{identity.get('name')} {identity.get('version')} ({model})"
+
+
+# ---------------------------------------------------------------------------
+# trees that travel
+
+
+def export_trees(cache_dir: str | Path, out: str | Path) -> tuple[str, int]:
+    """Every tree of a dataset's parse caches (``<cache_dir>/<side>/parses.sqlite``) as one
+    gzip-compressed JSON-lines file: per side a header naming the parser that made them, then
+    one line per sentence (SHA-256 of its text, tree), in key order with no time stamp, so the
+    same trees always give the same file. Returns (its SHA-256, number of trees)."""
+    cache_dir, count = Path(cache_dir), 0
+    sides = sorted(p.name for p in cache_dir.iterdir() if (p / "parses.sqlite").is_file()) if cache_dir.is_dir() else []
+    if not sides:
+        raise DataError("no parse cache here (prepare the dataset with a parser first)", cache_dir)
+    with atomic_open(out, "wb", encoding=None) as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0) as gz:
+        for side in sides:
+            db = sqlite3.connect(f"file:{cache_dir / side / 'parses.sqlite'}?mode=ro", uri=True)
+            try:
+                row = db.execute("SELECT value FROM info WHERE key = 'parser'").fetchone()
+                header = {"structnmt_trees": 1, "side": side, "parser": json.loads(row[0]) if row else None}
+                gz.write((json.dumps(header, sort_keys=True) + "\n").encode())
+                for key, tree in db.execute("SELECT key, tree FROM trees ORDER BY key"):
+                    line = {"side": side, "key": key.hex(), "tree": json.loads(tree)}
+                    gz.write((json.dumps(line, sort_keys=True, ensure_ascii=False) + "\n").encode())
+                    count += 1
+            finally:
+                db.close()
+    return sha256_file(out), count
+
+
+def pinned_to(cache_dir: str | Path) -> str | None:
+    """The SHA-256 of the trees file every side's cache here is pinned to, or None."""
+    found = set()
+    root = Path(cache_dir)
+    for side in [p for p in root.iterdir() if (p / "parses.sqlite").is_file()] if root.is_dir() else []:
+        db = sqlite3.connect(f"file:{side / 'parses.sqlite'}?mode=ro", uri=True)
+        try:
+            row = db.execute("SELECT value FROM info WHERE key = 'pinned'").fetchone()
+        except sqlite3.DatabaseError:
+            row = None
+        finally:
+            db.close()
+        found.add(json.loads(row[0])["sha256"] if row else None)
+    return found.pop() if len(found) == 1 else None
+
+
+def import_trees(file: str | Path, cache_dir: str | Path, sha256: str | None = None) -> dict[str, int]:
+    """Pin a dataset's parse caches to the trees of ``file`` (made by :func:`export_trees`),
+    checked against ``sha256`` when given. Returns the number of trees per side."""
+    file = Path(file)
+    if not file.is_file():
+        raise DataError("trees file not found", file)
+    digest = sha256_file(file)
+    if sha256 is not None and digest != sha256.lower():
+        raise DataError(f"SHA-256 {digest} is not the expected {sha256}: another or a damaged file", file)
+    by_side: dict[str, tuple[dict, list[tuple[bytes, str]]]] = {}
+    try:
+        with gzip.open(file, "rt", encoding="utf-8") as lines:
+            for number, text in enumerate(lines, start=1):
+                item = json.loads(text)
+                if "structnmt_trees" in item:
+                    by_side[item["side"]] = (item.get("parser") or {}, [])
+                elif item.get("side") in by_side:
+                    _tree_from_json(item["tree"])  # refuse a malformed tree here, not half-way through a prepare
+                    by_side[item["side"]][1].append((bytes.fromhex(item["key"]),
+                                                     json.dumps(item["tree"], ensure_ascii=False)))
+                else:
+                    raise DataError("a tree before its side's header line", file, number)
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as err:
+        raise DataError(f"not a structnmt trees file ({type(err).__name__}: {err})", file) from None
+    if not by_side:
+        raise DataError("the file holds no trees", file)
+    pin = {"file": file.name, "sha256": digest}
+    for side, (parser, rows) in by_side.items():
+        path = Path(cache_dir) / side / "parses.sqlite"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        db = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("CREATE TABLE IF NOT EXISTS info (key TEXT PRIMARY KEY, value TEXT)")
+            db.execute("CREATE TABLE IF NOT EXISTS trees (key BLOB PRIMARY KEY, tree TEXT)")
+            db.execute("DELETE FROM trees")
+            db.executemany("INSERT INTO trees VALUES (?, ?)", rows)
+            db.execute("INSERT OR REPLACE INTO info VALUES ('parser', ?)", (json.dumps(parser),))
+            db.execute("INSERT OR REPLACE INTO info VALUES ('pinned', ?)", (json.dumps({**pin, "parser": parser}),))
+            db.execute("COMMIT")
+        finally:
+            db.close()
+    return {side: len(rows) for side, (_, rows) in by_side.items()}
