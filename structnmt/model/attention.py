@@ -1,25 +1,118 @@
 """Multi-head attention that runs structure-aware plug-ins.
 
-Without plug-ins (or with plug-ins that only add a bias) a layer calls PyTorch's fused
-``scaled_dot_product_attention``; as soon as a plug-in needs the explicit score or weight
-matrix, or someone asked to record the weights, the layer computes them step by step.
-Both paths compute the same function (a test checks it). Which one runs without plug-ins is
-``model.attention_kernel``: ``auto`` takes the fused kernel except under bf16/fp16 autocast on a
-CPU, where PyTorch's CPU kernel is slower than three plain ops at NMT shapes (measured on the
-benchmark machine: vanilla training 3,560 vs 2,920 target tokens/s in bf16; in fp32 the fused
-kernel is ~2% faster, and on CUDA it is the fast one).
+A layer computes its attention by one of three routes, which give the same function (tests
+check it): PyTorch's ``scaled_dot_product_attention`` with the plug-ins' additive terms in a
+float mask (``"sdpa"``), FlexAttention with the plug-ins' ``score_mod`` callables (``"flex"``),
+or step by step with the explicit (B, H, I, J) score and weight matrices (``"explicit"``).
+
+* Explicit whenever someone records the layer's ``"probs"`` (a loss, an analysis), a plug-in
+  declares ``explicit = True`` (it reads or replaces scores or weights: DBSA's heads, relative
+  positions on values), or ``model.attention_kernel`` asks for it. Under ``auto`` that is bf16/fp16
+  on a CPU, where PyTorch's CPU kernel is slower than three plain ops at NMT shapes (measured on
+  the benchmark machine: vanilla training 3,560 vs 2,920 target tokens/s in bf16; in fp32 the
+  fused kernel is ~2% faster, and on CUDA it is the fast one).
+* A layer whose plug-ins only change queries/keys or add a ``bias`` takes SDPA, as before.
+* A layer with *structural* plug-ins (a ``scores`` or ``probs`` hook that has a fused form:
+  ``additive``, ``score_mod``, ``prob_scale``, see ``AttentionPlugin``) takes a fused route where
+  one can run: FlexAttention on CUDA (compiled), SDPA with a float mask elsewhere, and SDPA on CUDA
+  when FlexAttention cannot run (a ``prob_scale``, attention dropout in training). Under ``auto``
+  such a layer stays explicit on the CPU: SDPA with a mask that needs gradients is no faster there
+  at Multi30k's lengths (docs/benchmarks.md), and FlexAttention has no backward on the CPU, so the
+  CPU keeps today's numerics; ``fused`` takes the fused route on the CPU too.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from structnmt.model.methods.base import AttentionContext, AttentionPlugin, RecordKey, Site
+from structnmt.model.methods.base import AttentionContext, AttentionPlugin, RecordKey, ScoreMod, Site
+
+try:  # FlexAttention: torch >= 2.5
+    from torch.nn.attention.flex_attention import flex_attention as _flex_attention
+except ImportError:  # pragma: no cover - older torch
+    _flex_attention = None
+
+#: FlexAttention compiled once per process (CUDA): the eager version materialises the scores
+_compiled_flex: Callable[..., Tensor] | None = None
+
+ROUTES = ("explicit", "sdpa", "flex")
+
+
+def flex_available() -> bool:
+    """True if the installed torch has FlexAttention."""
+    return _flex_attention is not None
+
+
+def _overrides(plugin: AttentionPlugin, hook: str) -> bool:
+    return getattr(type(plugin), hook) is not getattr(AttentionPlugin, hook)
+
+
+def structural(plugin: AttentionPlugin) -> bool:
+    """True if the plug-in changes scores or weights by a hook that needs a fused form."""
+    return _overrides(plugin, "scores") or _overrides(plugin, "probs")
+
+
+def sdpa_form(plugin: AttentionPlugin) -> bool:
+    """True if SDPA with a float mask can run the plug-in (its hooks' additive / prob_scale forms)."""
+    if plugin.explicit:
+        return False
+    if _overrides(plugin, "scores") and not _overrides(plugin, "additive"):
+        return False
+    return not _overrides(plugin, "probs") or _overrides(plugin, "prob_scale")
+
+
+def flex_form(plugin: AttentionPlugin) -> bool:
+    """True if FlexAttention can run the plug-in (a score_mod, or an additive term it gathers)."""
+    if plugin.explicit or _overrides(plugin, "probs"):
+        return False
+    return not _overrides(plugin, "scores") or _overrides(plugin, "score_mod") or _overrides(plugin, "additive")
+
+
+def _cell(t: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+    """``t[b, h, q, kv]`` of a tensor broadcastable to (B, H, I, J) (index 0 on its size-1 dims)."""
+    by_b, by_h, by_i, by_j = (size > 1 for size in t.shape)
+
+    def cell(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return t[b if by_b else 0, h if by_h else 0, q_idx if by_i else 0, kv_idx if by_j else 0]
+
+    return cell
+
+
+def gathered(term: Tensor) -> ScoreMod:
+    """A score_mod that adds ``term`` (broadcastable to (B, H, I, J)) cell by cell."""
+    cell = _cell(term)
+
+    def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return score + cell(b, h, q_idx, kv_idx)
+
+    return mod
+
+
+def _masked(allowed: Tensor) -> ScoreMod:
+    """A score_mod that puts −inf where ``allowed`` (B|1, 1, I|1, J) is False (padding, causal)."""
+    cell = _cell(allowed)
+
+    def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+        return torch.where(cell(b, h, q_idx, kv_idx), score, -float("inf"))
+
+    return mod
+
+
+def _flex_kernel(device: torch.device) -> Callable[..., Tensor]:
+    """Compiled FlexAttention on CUDA; the eager one elsewhere (forward only: tests, analyses)."""
+    global _compiled_flex
+    assert _flex_attention is not None
+    if device.type != "cuda" or torch.compiler.is_compiling():  # inside training.compile: traced as it is
+        return _flex_attention
+    if _compiled_flex is None:
+        _compiled_flex = torch.compile(_flex_attention, dynamic=True)
+    return _compiled_flex
 
 
 class MultiHeadAttention(nn.Module):
@@ -39,6 +132,9 @@ class MultiHeadAttention(nn.Module):
             self.kv_proj = nn.Linear(d_model, 2 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.plugins = nn.ModuleList()
+        #: the fused kernel for structural plug-ins: None picks by device (flex on CUDA, SDPA
+        #: elsewhere); "flex" or "sdpa" forces one where it can run (tests, benchmarks)
+        self.fused_kernel: str | None = None
 
     def add_plugin(self, plugin: AttentionPlugin) -> None:
         self.plugins.append(plugin)
@@ -113,22 +209,58 @@ class MultiHeadAttention(nn.Module):
             q = plugin.queries(q, ctx)
         ctx.q, ctx.k, ctx.v = q, k, v
 
-        explicit = (ctx.wants("probs") or any(p.explicit for p in self.plugins)
-                    or self.prefers_explicit(q))
-        bias = None
-        for plugin in self.plugins:
-            extra = plugin.bias(ctx)
-            if extra is not None:
-                bias = extra if bias is None else bias + extra
-        if explicit:
-            out = self._explicit(q, k, v, key_padding, causal, bias, ctx)
+        route = self.route(q, k, v, ctx)
+        if route == "flex":
+            out = self._flex(q, k, v, key_padding, causal, ctx)
         else:
-            out = self._fused(q, k, v, key_padding, causal, bias)
+            bias = None
+            for plugin in self.plugins:
+                extra = plugin.bias(ctx)
+                if extra is not None:
+                    bias = extra if bias is None else bias + extra
+            if route == "explicit":
+                out = self._explicit(q, k, v, key_padding, causal, bias, ctx)
+            else:
+                scale = None
+                for plugin in self.plugins:  # the fused forms of the scores and probs hooks
+                    if _overrides(plugin, "scores"):
+                        extra = plugin.additive(ctx)
+                        if extra is not None:
+                            bias = extra if bias is None else bias + extra
+                    if _overrides(plugin, "probs"):
+                        factor = plugin.prob_scale(ctx)
+                        if factor is not None:
+                            scale = factor if scale is None else scale * factor
+                out = self._fused(q, k, v, key_padding, causal, bias, scale)
         b, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(b, length, self.d_model)
         return self.out_proj(out)
 
-    # -- the two paths ----------------------------------------------------------------
+    # -- the routes ---------------------------------------------------------------------
+    def route(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> str:
+        """Which route this call takes: ``"explicit"``, ``"sdpa"`` or ``"flex"`` (module docstring)."""
+        if ctx.wants("probs") or self.prefers_explicit(q) or any(p.explicit for p in self.plugins):
+            return "explicit"
+        struct = any(structural(p) for p in self.plugins)
+        if not struct and self.fused_kernel != "flex":
+            return "sdpa"  # queries/keys hooks and biases: the fused kernel as it always was
+        device = q.device.type
+        if struct and self.kernel == "auto" and device == "cpu" and self.fused_kernel is None:
+            return "explicit"  # no faster on the CPU at NMT lengths: today's numerics stay
+        grad = torch.is_grad_enabled() and (any(t.requires_grad for t in (q, k, v))
+                                            or any(p.requires_grad for p in self.plugins.parameters()))
+        flex = (flex_available() and all(flex_form(p) for p in self.plugins)
+                and (device == "cuda" or (device == "cpu" and not grad))  # no backward on the CPU
+                and not (self.training and self.dropout > 0.0))  # FlexAttention has no dropout
+        sdpa = all(sdpa_form(p) for p in self.plugins)
+        if self.fused_kernel == "flex" and flex:
+            return "flex"
+        if not struct:
+            return "sdpa"
+        if flex and device == "cuda" and self.fused_kernel != "sdpa":
+            return "flex"
+        return "sdpa" if sdpa else "explicit"
+
     def prefers_explicit(self, q: Tensor) -> bool:
         if self.kernel == "auto":
             return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
@@ -145,15 +277,29 @@ class MultiHeadAttention(nn.Module):
         return mask
 
     def _fused(self, q: Tensor, k: Tensor, v: Tensor, key_padding: Tensor | None, causal: bool,
-               bias: Tensor | None) -> Tensor:
+               bias: Tensor | None, scale: Tensor | None = None) -> Tensor:
+        """SDPA; ``bias`` goes into the float mask. ``scale`` (M, 0 ≤ M ≤ 1) multiplies the weights
+        without renormalising them: every key is seen twice, with ``log M`` and its value, and with
+        ``log(1 − M)`` and a zero value, so that ``softmax`` keeps the unscaled weights' denominator
+        and the output is ``Σ_j A_ij M_ij v_j``."""
         p = self.dropout if self.training else 0.0
-        if bias is None and key_padding is None:
+        if bias is None and key_padding is None and scale is None:
             # is_causal aligns the mask top-left: right only when queries and keys start together
             if not causal or q.size(2) == 1 or q.size(2) == k.size(2):
                 return F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal and q.size(2) > 1)
             return F.scaled_dot_product_attention(
                 q, k, v, attn_mask=self._allowed(None, True, q.size(2), k.size(2), q.device), dropout_p=p)
         allowed = self._allowed(key_padding, causal, q.size(2), k.size(2), q.device)
+        if scale is not None:
+            base = torch.zeros((), dtype=torch.float32, device=q.device) if bias is None else bias.float()
+            if allowed is not None:
+                base = base.masked_fill(~allowed, float("-inf"))
+            scale = scale.float()
+            kept, dropped = torch.broadcast_tensors(base + scale.log(), base + torch.log1p(-scale))
+            shape = (q.size(0), q.size(1), q.size(2), k.size(2))
+            mask = torch.cat([kept.expand(shape), dropped.expand(shape)], dim=-1).to(q.dtype)
+            k2, v2 = torch.cat([k, k], dim=2), torch.cat([v, torch.zeros_like(v)], dim=2)
+            return F.scaled_dot_product_attention(q, k2, v2, attn_mask=mask, dropout_p=p)
         if bias is None:
             mask: Tensor | None = allowed
         else:
@@ -161,6 +307,32 @@ class MultiHeadAttention(nn.Module):
             if allowed is not None:
                 mask = mask.masked_fill(~allowed, float("-inf"))
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+
+    def _flex(self, q: Tensor, k: Tensor, v: Tensor, key_padding: Tensor | None, causal: bool,
+              ctx: AttentionContext) -> Tensor:
+        """FlexAttention: the plug-ins' score_mods (or their additive terms, gathered) in the order of
+        the explicit path (every ``scores`` hook in plug-in order, then the biases), then the mask."""
+        mods: list[ScoreMod] = []
+        for phase in ("scores", "bias"):
+            for plugin in self.plugins:
+                if _overrides(plugin, "scores") != (phase == "scores"):
+                    continue
+                mod = plugin.score_mod(ctx)
+                if mod is None:
+                    term = plugin.additive(ctx) if phase == "scores" else plugin.bias(ctx)
+                    mod = None if term is None else gathered(term)
+                if mod is not None:
+                    mods.append(mod)
+        allowed = self._allowed(key_padding, causal, q.size(2), k.size(2), q.device)
+        if allowed is not None:
+            mods.append(_masked(allowed))
+
+        def score_mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            for mod in mods:
+                score = mod(score, b, h, q_idx, kv_idx)
+            return score
+
+        return _flex_kernel(q.device)(q, k, v, score_mod=score_mod if mods else None)
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, key_padding: Tensor | None, causal: bool,
                   bias: Tensor | None, ctx: AttentionContext) -> Tensor:

@@ -14,6 +14,8 @@ It declares
   ``probs(A)``                    after the softmax         (UDISCAL, SASA), and where
                                   auxiliary losses are read (DBSA, SISA)
   ``extra_output(A)``             added to ``A V``          (relative positions on values)
+  ``additive()``, ``score_mod()`` fused forms of ``scores`` (LPSI, relative positions; PASCAL, Deps-SAN)
+  ``prob_scale()``                fused form of ``probs``   (SASA, UDISCAL)
 
 * and, for losses that span layers (SyncAttn, SynchMSE/Rank), ``Method.loss(records)``
   reading the attention tensors it asked for in ``Method.records()``.
@@ -25,6 +27,7 @@ calls whatever plug-ins the config attached. A new method is a new file here wit
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
@@ -99,15 +102,28 @@ class AttentionContext:
         self.losses[name] = self.losses[name] + value if name in self.losses else value
 
 
+#: FlexAttention's ``score_mod``: ``(score, b, h, q_idx, kv_idx) -> score`` on 0-d tensors, where
+#: ``score`` is QK^T/sqrt(d) of one cell and ``q_idx`` counts this call's rows (add ``ctx.q_offset``)
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
 class AttentionPlugin(nn.Module):
     """Changes some heads of one attention module. Override only the hooks you need.
 
     ``heads`` are 0-based head indices. Every hook receives and returns full (B, H, ...)
     tensors and must leave other heads, padding keys and special-token rows untouched.
+
+    Fused kernels (``structnmt/model/attention.py``): a layer runs SDPA or FlexAttention instead
+    of the explicit (B, H, I, J) matrices when every plug-in sets ``explicit = False`` and gives
+    each ``scores``/``probs`` hook it overrides a fused form: ``additive`` (SDPA and FlexAttention)
+    or ``score_mod`` (FlexAttention only) for ``scores``, ``prob_scale`` (SDPA only) for
+    ``probs``. ``bias`` needs no other form. A test (``tests/test_fused_structure.py``) checks
+    that every route gives the explicit path's outputs and gradients.
     """
 
-    #: True if the plug-in needs the explicit score matrix (``scores``/``probs`` hooks); a layer
-    #: whose plug-ins all set it False keeps the fused kernel and receives only ``bias``.
+    #: True if the plug-in needs the explicit score or weight matrices: it reads them (a loss, a
+    #: value term) or replaces them in a way no fused kernel expresses. False: the layer may run a
+    #: fused kernel, which receives the plug-in's queries/keys, ``bias`` and the fused forms above.
     explicit: ClassVar[bool] = True
 
     def __init__(self, heads: list[int]) -> None:
@@ -129,7 +145,32 @@ class AttentionPlugin(nn.Module):
         return k
 
     def bias(self, ctx: AttentionContext) -> Tensor | None:
-        """Additive term for the scores, broadcastable to (B, H, I, J); -inf masks a key."""
+        """Additive term for the scores, broadcastable to (B, H, I, J); -inf masks a key.
+
+        Every route adds it after all ``scores`` hooks (FlexAttention: as ``score_mod`` where the
+        plug-in gives one, else gathered from this tensor)."""
+        return None
+
+    def additive(self, ctx: AttentionContext) -> Tensor | None:
+        """The fused form of an additive ``scores`` hook: the term T, broadcastable to (B, H, I, J),
+        with ``scores(s, ctx) == s + T`` for every ``s`` (0 on other heads and untouched cells, -inf
+        masks a key, in the dtype of ``ctx.q``; it may carry gradients). SDPA adds it in its float
+        mask, FlexAttention gathers it (or calls ``score_mod``). It may record what ``scores``
+        records. None: the hook is not additive (then ``score_mod`` is its only fused form)."""
+        return None
+
+    def score_mod(self, ctx: AttentionContext) -> ScoreMod | None:
+        """FlexAttention's form of the plug-in's ``scores`` hook (or, for a plug-in without one, of
+        its ``bias``): ``mod(score, b, h, q_idx, kv_idx)`` equals that hook's cell. Needed where
+        ``scores`` is not additive (a scaling); elsewhere optional, to compute the term from small
+        tables instead of gathering a (B, H, I, J) tensor. Tensors it captures may need gradients."""
+        return None
+
+    def prob_scale(self, ctx: AttentionContext) -> Tensor | None:
+        """The fused form of a ``probs`` hook that scales the weights without renormalising them:
+        M, broadcastable to (B, H, I, J), with ``probs(a, ctx) == a * M`` and ``0 <= M <= 1`` (1 on
+        other heads and untouched cells). SDPA then sees each key twice, with ``log M`` and with
+        ``log(1 - M)`` and a zero value, so the softmax keeps its denominator: twice the keys."""
         return None
 
     def scores(self, s: Tensor, ctx: AttentionContext) -> Tensor:

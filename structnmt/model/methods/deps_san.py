@@ -65,6 +65,8 @@ class DepsSANParams(MethodParams):
 class DependencyScalePlugin(AttentionPlugin):
     """S̃ = S · N(dist; σ²) on the owned heads, with RS-Sparsing in training."""
 
+    explicit = False  # a scaling: FlexAttention runs it (``score_mod``); SDPA has no form for it
+
     def __init__(self, heads: list[int], variance: float, rs_q: float, rs_k: float) -> None:
         super().__init__(heads)
         self.variance = variance
@@ -81,6 +83,22 @@ class DependencyScalePlugin(AttentionPlugin):
         # scaled like the token's own word (an unscaled EOS would out-score every scaled key)
         apply = src["valid"][:, None, :, None] & head_mask(self.heads, s.size(1), s.device)
         return torch.where(apply, s * normal_density(dist, self.variance), s)
+
+    def score_mod(self, ctx: AttentionContext):
+        """``scores`` for FlexAttention: each cell times the (B, I, J) factor table on the owned heads."""
+        assert ctx.q is not None
+        src = ctx.side("src")
+        dist = src["dist"].float()  # (B, I, J)
+        if ctx.training and self.rs_q > 0.0:
+            sparsed = (torch.rand(dist.shape, device=dist.device) < self.rs_q) & valid_pairs(src["valid"])[:, 0]
+            dist = dist.masked_fill(sparsed, self.rs_k)
+        factor = torch.where(src["valid"][:, :, None], normal_density(dist, self.variance), 1.0)
+        owned = head_mask(self.heads, ctx.q.size(1), dist.device).view(-1)
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return torch.where(owned[h], score * factor[b, q_idx, kv_idx], score)
+
+        return mod
 
 
 class WinkMaskPlugin(AttentionPlugin):

@@ -56,6 +56,21 @@ class LocalWindowPlugin(AttentionPlugin):
         zero = torch.zeros((), dtype=ctx.q.dtype, device=ctx.q.device)
         return torch.where(outside, torch.tensor(float("-inf"), dtype=ctx.q.dtype, device=ctx.q.device), zero)
 
+    def score_mod(self, ctx: AttentionContext):
+        """``bias`` for FlexAttention, from the cell's indices: no (I, J) tensor."""
+        assert ctx.q is not None and ctx.k is not None
+        offset, window, owned = ctx.q_offset, self.window, self.head_mask
+        full = ctx.key_padding is not None and ctx.q_offset == 0 and ctx.q.size(2) == ctx.k.size(2)
+        padding = ctx.key_padding if full else None  # padding query rows stay unmasked
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            outside = ((q_idx + offset - kv_idx).abs() > window) & owned[h]
+            if padding is not None:
+                outside = outside & ~padding[b, q_idx]
+            return torch.where(outside, -float("inf"), score)
+
+        return mod
+
 
 @dataclass
 class LocalWindowParams(MethodParams):

@@ -85,6 +85,25 @@ class LocalnessPlugin(AttentionPlugin):
             self.v_d = nn.Linear(d_head, 1, bias=False)
 
     def bias(self, ctx: AttentionContext) -> Tensor:
+        center, window = self._center_window(ctx)
+        assert ctx.k is not None
+        g = gaussian_bias(center, window, ctx.k.size(2))
+        return torch.where(self.mask, g, torch.zeros((), dtype=g.dtype, device=g.device))
+
+    def score_mod(self, ctx: AttentionContext):
+        """``bias`` for FlexAttention, from the (B, H, I) centres and windows: no (I, J) tensor."""
+        center, window = self._center_window(ctx)
+        owned = self.mask.view(-1)
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            sigma = window[b, h, q_idx] / 2.0
+            g = (-(kv_idx - center[b, h, q_idx]).square() / (2.0 * sigma.square())).clamp(min=MIN_BIAS)
+            return torch.where(owned[h], score + g, score)
+
+        return mod
+
+    def _center_window(self, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
+        """P and D (B, H, I) of every head (the plug-in's heads are picked by the caller)."""
         assert ctx.q is not None and ctx.k is not None
         q, k = ctx.q, ctx.k
         n = real_lengths(ctx.key_padding, k.size(2), q.size(0), q.device).to(q.dtype)[:, None, None]  # (B,1,1)
@@ -97,8 +116,7 @@ class LocalnessPlugin(AttentionPlugin):
         else:  # layer: one window per sentence and head, from the mean key
             summary = torch.tanh(self.w_d(mean_keys(k, ctx.key_padding)))  # (B, H, d_head)
             window = (n * torch.sigmoid(self.v_d(summary)))  # (B, H, 1): broadcasts over queries
-        g = gaussian_bias(center, window.expand_as(center), k.size(2))
-        return torch.where(self.mask, g, torch.zeros((), dtype=g.dtype, device=g.device))
+        return center, window.expand_as(center)
 
 
 @dataclass

@@ -82,6 +82,8 @@ def syntactic_gate_log(distances: Tensor, rows: Tensor, tau: float) -> Tensor:
 class SyntacticGatePlugin(AttentionPlugin):
     """Distances from a look-back convolution over the keys; attention gated by ``log g``."""
 
+    explicit = False  # ``log g`` is additive: fused kernels run it (``additive``)
+
     def __init__(self, heads: list[int], d_head: int, lookback: int, tau: float) -> None:
         super().__init__(heads)
         self.lookback = lookback
@@ -103,6 +105,17 @@ class SyntacticGatePlugin(AttentionPlugin):
         rows = torch.arange(ctx.q_offset, ctx.q_offset + s.size(2), device=s.device)
         gated = s.index_select(1, idx) + syntactic_gate_log(dist, rows, self.tau).to(s.dtype)
         return s.index_copy(1, idx, gated)
+
+    def additive(self, ctx: AttentionContext) -> Tensor:
+        """What ``scores`` adds, for the fused kernels: ``log g`` on the gated heads, 0 on the others."""
+        assert ctx.q is not None and ctx.k is not None
+        idx = self.head_index(ctx.q.device)
+        dist = self.distances(ctx.k.index_select(1, idx)).float()
+        ctx.record("distance", dist)
+        rows = torch.arange(ctx.q_offset, ctx.q_offset + ctx.q.size(2), device=ctx.q.device)
+        gate = syntactic_gate_log(dist, rows, self.tau).to(ctx.q.dtype)  # (B, H', I, J)
+        b, _, i, j = gate.shape
+        return gate.new_zeros(b, ctx.q.size(1), i, j).index_copy(1, idx, gate)
 
 
 @dataclass

@@ -56,6 +56,8 @@ class PascalParams(MethodParams):
 
 
 class PascalPlugin(AttentionPlugin):
+    explicit = False  # a scaling: FlexAttention runs it (``score_mod``); SDPA has no form for it
+
     def __init__(self, heads: list[int], variance: float, parent_ignoring: float) -> None:
         super().__init__(heads)
         self.variance = variance
@@ -76,6 +78,23 @@ class PascalPlugin(AttentionPlugin):
             ignored = torch.rand(b, h, i, 1, device=s.device) < self.parent_ignoring
             apply = apply & ~ignored
         return torch.where(apply, s * weight[:, None], s)
+
+    def score_mod(self, ctx: AttentionContext):
+        """``scores`` for FlexAttention: each cell times the (B, I, J) Gaussian where the row is scaled."""
+        assert ctx.q is not None and ctx.k is not None
+        src = ctx.side("src")
+        parent = src["parent_mid"].float()  # (B, I)
+        keys = torch.arange(ctx.k.size(2), device=parent.device, dtype=torch.float32)
+        weight = normal_density(keys[None, None, :] - parent[:, :, None], self.variance)  # (B, I, J)
+        b, h, i = ctx.q.shape[:3]
+        apply = src["valid"][:, None, :] & head_mask(self.heads, h, parent.device).view(1, h, 1)  # (B, H, I)
+        if ctx.training and self.parent_ignoring > 0.0:
+            apply = apply & ~(torch.rand(b, h, i, device=parent.device) < self.parent_ignoring)
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return torch.where(apply[b, h, q_idx], score * weight[b, q_idx, kv_idx], score)
+
+        return mod
 
 
 @register("pascal")

@@ -50,7 +50,10 @@ def relative_buckets(n_rows: int, n_keys: int, offset: int, clip: int, device: t
 
 
 class RelativePositionPlugin(AttentionPlugin):
-    explicit = True  # the value term needs the attention weights
+    @property
+    def explicit(self) -> bool:  # type: ignore[override]
+        """The value term reads the attention weights; without it the scores' term is additive."""
+        return self.rel_v is not None
 
     def __init__(self, heads: list[int], d_head: int, clip: int, values: bool) -> None:
         super().__init__(heads)
@@ -75,6 +78,32 @@ class RelativePositionPlugin(AttentionPlugin):
         per_bucket = torch.matmul(q, self.rel_k.weight.to(q.dtype).t()) * self.scale  # (B, h, I, 2k+1)
         term = per_bucket.gather(-1, self._buckets(s, ctx)).to(s.dtype)  # (B, h, I, J)
         return s.index_add(1, heads, term)
+
+    def _bucket_scores(self, ctx: AttentionContext) -> Tensor:
+        """``q · a^K / √d`` per bucket on every head, 0 on the others: (B, H, I, 2k+1)."""
+        assert ctx.q is not None
+        heads = self.head_index(ctx.q.device)
+        q = ctx.q.index_select(1, heads)
+        per_bucket = torch.matmul(q, self.rel_k.weight.to(q.dtype).t()) * self.scale
+        b, _, i, n = per_bucket.shape
+        return per_bucket.new_zeros(b, ctx.q.size(1), i, n).index_copy(1, heads, per_bucket)
+
+    def additive(self, ctx: AttentionContext) -> Tensor:
+        """What ``scores`` adds (with ``values: false`` the whole method), gathered into (B, H, I, J)."""
+        assert ctx.k is not None
+        table = self._bucket_scores(ctx)
+        b, h, i, _ = table.shape
+        idx = relative_buckets(i, ctx.k.size(2), ctx.q_offset, self.clip, table.device)
+        return table.gather(-1, idx.expand(b, h, i, ctx.k.size(2)))
+
+    def score_mod(self, ctx: AttentionContext):
+        """FlexAttention reads the (B, H, I, 2k+1) table by each cell's bucket: nothing per pair."""
+        table, offset, clip = self._bucket_scores(ctx), ctx.q_offset, self.clip
+
+        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return score + table[b, h, q_idx, (kv_idx - q_idx - offset).clamp(-clip, clip) + clip]
+
+        return mod
 
     def extra_output(self, a: Tensor, ctx: AttentionContext) -> Tensor | None:
         if self.rel_v is None:

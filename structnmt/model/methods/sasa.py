@@ -85,6 +85,8 @@ def scene_weights(scene_mask: Tensor, scene_dist: Tensor | None, valid: Tensor, 
 
 
 class SasaPlugin(AttentionPlugin):
+    explicit = False  # A·M without renormalising, 0 <= M <= 1: SDPA runs it (``prob_scale``)
+
     def __init__(self, heads: list[int], mask: str, c: float) -> None:
         super().__init__(heads)
         self.mask = mask
@@ -94,6 +96,13 @@ class SasaPlugin(AttentionPlugin):
         src = ctx.side("src")
         m = scene_weights(src["scene_mask"], src.get("scene_dist"), src["valid"], self.mask, self.c, a.dtype)
         return torch.where(head_mask(self.heads, a.size(1), a.device), a * m, a)
+
+    def prob_scale(self, ctx: AttentionContext) -> Tensor:
+        """M of ``probs`` on the owned heads, 1 on the others (every mask kind lies in [0, 1])."""
+        assert ctx.q is not None
+        src = ctx.side("src")
+        m = scene_weights(src["scene_mask"], src.get("scene_dist"), src["valid"], self.mask, self.c, torch.float32)
+        return torch.where(head_mask(self.heads, ctx.q.size(1), m.device), m, 1.0)
 
 
 @register("sasa")

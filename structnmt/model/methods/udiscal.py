@@ -41,6 +41,11 @@ class UdiscalParams(MethodParams):
 
 
 class UdiscalPlugin(AttentionPlugin):
+    @property
+    def explicit(self) -> bool:  # type: ignore[override]
+        """A·N(dist) without renormalising: SDPA runs it (``prob_scale``) while N <= 1, i.e. σ² >= 1/2π."""
+        return self.variance < 1.0 / (2.0 * math.pi)
+
     def __init__(self, heads: list[int], variance: float) -> None:
         super().__init__(heads)
         self.variance = variance
@@ -51,6 +56,14 @@ class UdiscalPlugin(AttentionPlugin):
         # rows of real tokens over every key; special keys have distance 0 (like PASCAL and Deps-SAN)
         apply = src["valid"][:, None, :, None] & head_mask(self.heads, a.size(1), a.device)
         return torch.where(apply, a * weight, a)
+
+    def prob_scale(self, ctx: AttentionContext) -> Tensor:
+        """N(dist; σ²) where ``probs`` scales, 1 elsewhere."""
+        assert ctx.q is not None
+        src = ctx.side("src")
+        weight = normal_density(src["dist"][:, None].float(), self.variance)  # (B, 1, I, J)
+        apply = src["valid"][:, None, :, None] & head_mask(self.heads, ctx.q.size(1), weight.device)
+        return torch.where(apply, weight, 1.0)
 
 
 @register("udiscal")

@@ -1,0 +1,277 @@
+"""Structure inside fused kernels: every method's fused route computes its explicit route's function.
+
+A layer runs its plug-ins explicitly (the (B, H, I, J) scores and weights), through SDPA with a
+float mask, or through FlexAttention (``structnmt/model/attention.py``). For every case of the
+registry (``tests/registry_cases.py``, plus the variants below whose routes differ), the same
+model and batch run through the explicit route and the fused one, in float32 with dropout 0:
+
+* SDPA with a float mask: the logits and every parameter's gradient agree (rtol 1e-4), for every
+  method whose plug-ins have an SDPA form (``additive``, ``prob_scale``, ``bias``);
+* FlexAttention: the logits agree, forward only: torch 2.13 has no FlexAttention backward on the
+  CPU ("FlexAttention does not support backward on CPU"), so the gradients of the score_mods are
+  checked where a GPU runs ``benchmarks/gpu_smoke.py``, not here;
+* cached decoding steps (queries at ``q_offset > 0``) agree on both routes;
+* methods that read or replace weights (DBSA, SISA, SyncAttn, relative positions on values) stay
+  explicit, and so does a layer whose probabilities are recorded; under ``auto`` the CPU keeps the
+  explicit route for structural plug-ins (today's numerics).
+
+Checked by mutation: with the sign of LPSI's ``additive`` term flipped, with SASA's ``prob_scale``
+taken as 1 − M, with RPE's score_mod reading the bucket of ``q − k``, with Deps-SAN's factor
+table squared, the comparisons below fail (``test_a_wrong_additive_term_is_caught`` keeps the first).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+
+from structnmt.data.batch import BOS_ID
+from structnmt.model import attention as attention_module
+from structnmt.model.attention import MultiHeadAttention, flex_available, flex_form, sdpa_form, structural
+from structnmt.model.losses import label_smoothed_nll
+from structnmt.model.transformer import Transformer
+from tests.registry_cases import (
+    all_cases,
+    batches,
+    model_config,
+    prepare_synthetic,
+    registered_methods,
+    vocab_size,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+#: variants whose routes differ from the registry cases' (values off, the other masks and windows)
+EXTRA: dict[str, list[dict]] = {
+    "relative_position_scores": [{"name": "relative_position", "layers": [1, 2], "values": False},
+                                 {"name": "relative_position", "stack": "decoder", "layers": [1, 2],
+                                  "values": False}],
+    "deps_san_plain": [{"name": "deps_san", "layers": [1, 2]}],
+    "deps_san_wink_only": [{"name": "deps_san", "layers": [1], "scaling": False, "wink_sparsing": True,
+                            "wink_k": 2.0}],
+    "sasa_binary": [{"name": "sasa", "layers": [1, 2], "heads": [0, 2]}],
+    "sasa_scaled": [{"name": "sasa", "layers": [2], "mask": "scaled"}],
+    "udiscal_all_heads": [{"name": "udiscal", "layers": [1, 2], "heads": "all"}],
+    "localness_fixed": [{"name": "localness", "window": 3.0}],
+    "localness_layer": [{"name": "localness", "variant": "layer", "layers": [1, 2], "heads": [1, 3]}],
+    "local_window_decoder": [{"name": "local_window", "layers": [1, 2], "window": 1},
+                             {"name": "local_window", "stack": "decoder", "layers": [1, 2], "heads": [0, 1]}],
+    "lpsi_two_heads": [{"name": "lpsi", "heads": [1, 2], "layers": [1]}],
+    "lpsi_and_window": [{"name": "lpsi", "layers": [1]}, {"name": "local_window", "layers": [1], "heads": [3]}],
+    "pascal_and_wink": [{"name": "pascal"}, {"name": "deps_san", "layers": [1], "scaling": False,
+                                             "wink_sparsing": True}],
+    "pascal_and_localness": [{"name": "pascal"}, {"name": "localness", "window": 2.0}],  # order: S·N + G
+}
+
+#: how each registered method runs in a fused layer: SDPA and FlexAttention ("both"), FlexAttention
+#: only (a scaling of the scores), SDPA only (a scaling of the weights), or neither ("explicit")
+EXPECTED = {
+    "context_aware": "both", "sacra": "both", "local_window": "both", "localness": "both", "lpsi": "both",
+    "sh_labels": "both",  # no attention plug-in
+    "deps_san": "flex", "pascal": "flex",  # the Wink mask alone: both (deps_san_wink_only)
+    "sasa": "sdpa", "udiscal": "sdpa",
+    "relative_position": "explicit",  # values: true (the default); values: false runs on both
+    "dbsa": "explicit", "sisa": "explicit", "syncattn": "explicit",
+}
+
+CASES = {**all_cases(), **EXTRA}
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> Path:
+    return prepare_synthetic(tmp_path_factory.mktemp("fused"), train=40, test=12)
+
+
+def attention_modules(model) -> list[MultiHeadAttention]:
+    return [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
+
+
+def set_route(model, kernel: str, fused_kernel: str | None = None) -> None:
+    for attn in attention_modules(model):
+        attn.kernel = kernel
+        attn.fused_kernel = fused_kernel
+
+
+@pytest.fixture
+def routes(monkeypatch):
+    """Every call's route, by attention module."""
+    seen: dict[int, set[str]] = {}
+    original = MultiHeadAttention.route
+
+    def recording(self, q, k, v, ctx):
+        route = original(self, q, k, v, ctx)
+        seen.setdefault(id(self), set()).add(route)
+        return route
+
+    monkeypatch.setattr(MultiHeadAttention, "route", recording)
+    return seen
+
+
+def plugin_layers(model) -> list[MultiHeadAttention]:
+    return [m for m in attention_modules(model) if len(m.plugins)]
+
+
+def run(model, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Logits and every parameter's gradient of the translation loss plus the method's own losses."""
+    model.zero_grad(set_to_none=True)
+    out = model(batch)
+    loss, _ = label_smoothed_nll(out.logits, batch.tgt_out, 0.1)
+    (loss + sum(out.losses.values())).backward()
+    grads = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return out.logits.detach(), grads
+
+
+def build(case: str, dataset: Path):
+    torch.manual_seed(0)
+    vocab = vocab_size(dataset)
+    model = Transformer(model_config("vanilla", dropout=0.0, attention_dropout=0.0, methods=CASES[case]), vocab, vocab)
+    model.eval()  # no RS-Sparsing / parent-ignoring draws: both routes see the same function
+    for p in model.parameters():  # move every parameter off its initial value (U = I, zero biases, ...)
+        p.data.add_(0.05 * torch.randn_like(p))
+    return model, batches(dataset, "train", model, max_tokens=200)[0]
+
+
+def runs_on(case: str, dataset: Path, form) -> bool:
+    model, _ = build(case, dataset)
+    layers = plugin_layers(model)
+    return bool(layers) and all(form(p) for m in layers for p in m.plugins)
+
+
+def test_every_registered_method_is_classified():
+    assert set(EXPECTED) == registered_methods(), "classify the new method in EXPECTED (and check its route)"
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_classification_matches_the_plugins(dataset, case):
+    model, _ = build(case, dataset)
+    plugins = [p for m in plugin_layers(model) for p in m.plugins]
+    if not plugins or len({e["name"] for e in CASES[case]}) > 1 or case in EXTRA:
+        return  # combinations and variants: their own tests below
+    kind = EXPECTED[CASES[case][0]["name"]]
+    assert all(sdpa_form(p) for p in plugins) == (kind in ("both", "sdpa")), case
+    assert all(flex_form(p) for p in plugins) == (kind in ("both", "flex")), case
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_sdpa_route_gives_the_explicit_outputs_and_gradients(dataset, case, routes):
+    if not runs_on(case, dataset, sdpa_form):
+        pytest.skip("no SDPA form: stays explicit (test_non_additive_methods_stay_explicit)")
+    model, batch = build(case, dataset)
+    set_route(model, "explicit")
+    logits, grads = run(model, batch)
+    set_route(model, "fused", "sdpa")
+    routes.clear()
+    fused_logits, fused_grads = run(model, batch)
+    assert all(routes[id(m)] == {"sdpa"} for m in plugin_layers(model))
+    torch.testing.assert_close(fused_logits, logits, rtol=1e-4, atol=1e-5)
+    assert fused_grads.keys() == grads.keys()
+    for name, grad in grads.items():
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.skipif(not flex_available(), reason="this torch has no torch.nn.attention.flex_attention")
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_flex_route_gives_the_explicit_outputs(dataset, case, routes):
+    if not runs_on(case, dataset, flex_form):
+        pytest.skip("no FlexAttention form (a scaling of the weights, or explicit)")
+    model, batch = build(case, dataset)
+    set_route(model, "explicit")
+    with torch.no_grad():  # FlexAttention's CPU kernel has no backward in torch 2.13
+        logits = model(batch).logits
+        set_route(model, "fused", "flex")
+        routes.clear()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*without torch.compile.*")
+            flex_logits = model(batch).logits
+    assert all(routes[id(m)] == {"flex"} for m in plugin_layers(model))
+    torch.testing.assert_close(flex_logits, logits, rtol=1e-4, atol=1e-5)
+
+
+def test_flex_on_the_cpu_refuses_gradients_so_the_route_avoids_it(dataset, routes):
+    """What the installed torch supports: FlexAttention forward on the CPU, no backward; with
+    gradients a forced flex layer falls back to SDPA where it can, explicit where it cannot."""
+    model, batch = build("pascal_and_wink", dataset)
+    set_route(model, "fused", "flex")
+    routes.clear()
+    run(model, batch)
+    assert {r for m in plugin_layers(model) for r in routes[id(m)]} == {"explicit"}  # PASCAL: no SDPA form
+    if flex_available():
+        q = torch.randn(1, 1, 4, 8, requires_grad=True)
+        with pytest.raises(NotImplementedError, match="backward on CPU"):
+            attention_module._flex_attention(q, q, q)
+
+
+@pytest.mark.parametrize("case", ["lpsi_mse", "relative_position_scores", "local_window_decoder", "udiscal",
+                                  "sasa_binary", "localness_query"])
+@pytest.mark.parametrize("fused_kernel", ["sdpa", "flex"])
+def test_cached_decoding_steps_agree(dataset, case, fused_kernel):
+    """Queries at ``q_offset > 0``: the decoder's cached steps on both routes."""
+    if fused_kernel == "flex" and not flex_available():
+        pytest.skip("this torch has no FlexAttention")
+    model, _ = build(case, dataset)
+    source = batches(dataset, "test", model, inference=True)[0]
+    steps = {}
+    for route in ("explicit", fused_kernel):
+        set_route(model, "explicit" if route == "explicit" else "fused", None if route == "explicit" else route)
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*without torch.compile.*")
+            enc = model.encode(source.src, {"src": source.struct["src"], "tgt": {}})
+            cache = model.new_cache()
+            tokens = torch.full((source.size, 1), BOS_ID, dtype=torch.long)
+            out = []
+            for _ in range(3):
+                logits = model.decode(tokens[:, -1:], enc, cache=cache)[:, -1]
+                out.append(logits)
+                tokens = torch.cat([tokens, logits.argmax(-1, keepdim=True)], 1)
+        steps[route] = torch.stack(out)
+    torch.testing.assert_close(steps[fused_kernel], steps["explicit"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("case", ["dbsa", "sisa", "syncattn", "relative_position", "pascal", "deps_san_rs"])
+def test_non_additive_methods_stay_explicit(dataset, case, routes):
+    """Methods that read or replace the weights stay explicit on every route; a scaling of the scores
+    (PASCAL, Deps-SAN) has no SDPA form, so it stays explicit wherever FlexAttention cannot run."""
+    model, batch = build(case, dataset)
+    set_route(model, "fused", "sdpa")
+    routes.clear()
+    run(model, batch)
+    assert all(routes[id(m)] == {"explicit"} for m in plugin_layers(model))
+    if case in ("pascal", "deps_san_rs"):
+        assert all(flex_form(p) for m in plugin_layers(model) for p in m.plugins)
+    else:
+        assert not any(flex_form(p) or sdpa_form(p) for m in plugin_layers(model) for p in m.plugins)
+
+
+def test_recorded_probabilities_and_auto_on_the_cpu_keep_the_explicit_route(dataset, routes):
+    model, batch = build("lpsi_and_window", dataset)
+    first = plugin_layers(model)[0]
+    set_route(model, "fused")
+    routes.clear()
+    with torch.no_grad():
+        model(batch, record={("encoder", 0, "self", "probs")})
+    assert routes[id(first)] == {"explicit"}  # a record of the weights needs them
+    routes.clear()
+    set_route(model, "auto")
+    with torch.no_grad():
+        model(batch)
+    assert routes[id(first)] == {"explicit"}  # auto on the CPU: today's route for structural plug-ins
+    window_only = plugin_layers(build("local_window", dataset)[0])
+    assert window_only and not any(structural(p) for m in window_only for p in m.plugins)  # bias-only: SDPA as before
+
+
+def test_a_wrong_additive_term_is_caught(dataset, monkeypatch):
+    """The comparison above would fail for a plug-in whose fused form is wrong (here: LPSI's gate
+    with its sign dropped)."""
+    from structnmt.model.methods.lpsi import SyntacticGatePlugin
+
+    model, batch = build("lpsi_two_heads", dataset)
+    set_route(model, "explicit")
+    logits, grads = run(model, batch)
+    right = SyntacticGatePlugin.additive
+    monkeypatch.setattr(SyntacticGatePlugin, "additive", lambda self, ctx: -right(self, ctx))
+    set_route(model, "fused", "sdpa")
+    wrong_logits, _ = run(model, batch)
+    assert not torch.allclose(wrong_logits, logits, rtol=1e-4, atol=1e-5)
