@@ -288,8 +288,10 @@ class ModelConfig:
     positional: Literal["sinusoidal", "learned", "none"] = "sinusoidal"
     max_positions: int = 1024
     methods: list[MethodParams] = field(default_factory=list)  # structure-aware plug-ins, see model.methods
-    # how attention without score-matrix plug-ins is computed (same function either way):
-    # auto = PyTorch's fused kernel, except bf16/fp16 on a CPU where the explicit path is faster
+    # how attention is computed (the same function either way; structnmt/model/attention.py):
+    # auto = a fused kernel (SDPA, FlexAttention on CUDA for structure-aware plug-ins that have a
+    # fused form), except on a CPU for bf16/fp16 and for structure-aware layers, where the explicit
+    # (B, H, I, J) path is as fast or faster; fused / explicit force one where it can run
     attention_kernel: Literal["auto", "fused", "explicit"] = "auto"
 
     def validate(self, where: str) -> None:
