@@ -411,11 +411,13 @@ def import_trees(config: ConfigLike, file: str | Path, sha256: str | None = None
     sentence the file lacks is an error. Returns the number of trees per side."""
     from structnmt.data.parsing.cache import import_trees as pin
     from structnmt.data.prepare import cache_dir_of
+    from structnmt.locks import DirectoryLock
 
     cfg = _config(config, overrides)
     if cfg.data is None:
         raise ConfigError("the config has no data section", "data")
-    return pin(_path(file, "file"), cache_dir_of(cfg.data), sha256)  # type: ignore[arg-type]
+    with DirectoryLock(Path(cfg.data.dir), "trees import"):  # never under a running prepare
+        return pin(_path(file, "file"), cache_dir_of(cfg.data), sha256)  # type: ignore[arg-type]
 
 
 def train_parser(lang: str | None = None, conllu: Sequence[str | Path] | None = None, out: str | Path | None = None,

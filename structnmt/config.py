@@ -139,7 +139,11 @@ def to_dict(obj: Any) -> Any:
 def method_params(entry: Any, where: str) -> MethodParams:
     """One ``model.methods`` entry as its method's typed ``Params`` (older spellings read),
     checked field by field; the model-bound checks run in :meth:`ModelConfig.validate`."""
-    if isinstance(entry, MethodParams):
+    if isinstance(entry, MethodParams):  # built in code: the same checks as an entry read from a file
+        if METHOD_PARAMS.get(entry.name) is not type(entry):
+            raise ConfigError(f"{type(entry).__name__} with name {entry.name!r} is not a registered method's "
+                              f"parameters (known: {', '.join(sorted(METHOD_PARAMS))})", f"{where}.name")
+        entry.validate(where)
         return entry
     if not isinstance(entry, dict) or "name" not in entry:
         raise ConfigError(f"expected a mapping with the method's name, got {entry!r}", where)

@@ -2,7 +2,8 @@
 
 Every ``model.methods`` entry becomes the ``Params`` dataclass of its method when the config is
 loaded (:func:`structnmt.config.load_config`), once. This module says *where* in one vocabulary
-for every method: ``stack`` (``encoder``, ``decoder`` or both as a list), ``attention``
+for every method: ``stack`` (``encoder``, ``decoder`` or both as a list; ``sides: [src, tgt]``,
+the older spelling DBSA, SISA, SyncAttn and LPSI took, is read for every method), ``attention``
 (``self``/``cross``), ``layers`` (1-based, like the papers) and ``heads`` (0-based indices, a
 count ``n`` for the first n heads, or ``"all"``), resolved into :class:`Site` s here and checked
 against the depth of the stack each site lies in.
@@ -15,6 +16,7 @@ loader :func:`structnmt.load_config` does that first), the way a registry of plu
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
@@ -69,6 +71,13 @@ class MethodParams:
 
     def __post_init__(self) -> None:
         self._entry: dict[str, Any] | None = None
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # a field changed in code no longer matches the entry it was read from: forget the entry,
+        # so that what is saved and hashed (``entry()``) is what the params now say
+        if name != "_entry" and getattr(self, "_entry", None) is not None:
+            object.__setattr__(self, "_entry", None)
+        object.__setattr__(self, name, value)
 
     # -- where ---------------------------------------------------------------
     def stacks(self) -> list[str]:
@@ -132,7 +141,7 @@ class MethodParams:
             if "stack" in out:
                 raise ConfigError("give stack or its older spelling sides, not both", f"{where}.sides")
             sides = out.pop("sides")
-            if not isinstance(sides, list) or not all(s in STACK_OF_SIDE for s in sides):
+            if not isinstance(sides, list) or not all(isinstance(s, str) and s in STACK_OF_SIDE for s in sides):
                 raise ConfigError(f"expected a list of src/tgt, got {sides!r}", f"{where}.sides")
             out["stack"] = [STACK_OF_SIDE[s] for s in sides]
         for old, new in cls.RENAMED.items():
@@ -147,10 +156,12 @@ class MethodParams:
         """``err`` naming the field the way ``entry`` spells it (``sides``, a renamed field)."""
         old_of = {new: old for old, new in cls.RENAMED.items()}
         field = (err.field or "").removeprefix(f"{where}.")
-        if field == "stack" and "sides" in entry:
-            return ConfigError(f"{err.message} (sides: src is the encoder, tgt the decoder)", f"{where}.sides")
-        if old_of.get(field) in entry:
-            return ConfigError(err.message, f"{where}.{old_of[field]}")
+        name = re.split(r"[\[.]", field, maxsplit=1)[0]  # synch_layers[1]: the field is synch_layers
+        rest = field[len(name):]
+        if name == "stack" and "sides" in entry:
+            return ConfigError(f"{err.message} (sides: src is the encoder, tgt the decoder)", f"{where}.sides{rest}")
+        if old_of.get(name) in entry:
+            return ConfigError(err.message, f"{where}.{old_of[name]}{rest}")
         return err
 
 

@@ -210,6 +210,14 @@ def test_inspect_align_against_gold_files_equals_the_prepared_split(here: Path, 
     assert code == 2 and "short.tgt: 5 lines of targets for 12 sentences" in err
 
 
+def test_a_gold_conllu_sentence_is_its_text_or_its_surface_tokens() -> None:
+    from structnmt.evaluation.inspect_gold import _gold_text
+
+    block = "# text = Il va au marché.\n1\tIl\n2\tva\n3-4\tau\n3\tà\n4\tle\n5\tmarché\n6\t.\n"
+    assert _gold_text(block, moses=False) == "Il va au marché."
+    assert _gold_text(block, moses=True) == "Il va au marché ."  # a multi-word token once, as written
+
+
 def test_inspect_trees_against_a_conllu_file_equals_the_prepared_split(here: Path, capsys) -> None:
     """A DBSA head on both sides held against the test split's CoNLL-U trees given as files:
     the same trees and UAS as against the trees the dataset stored from those files."""

@@ -108,3 +108,29 @@ def test_every_recipe_loads_and_builds_its_model(recipe, monkeypatch):
     for method in model.methods:
         for site in method.sites():
             assert model.attention(site).site == site
+
+
+def test_params_say_what_they_hold_after_a_change_in_code_and_are_checked_when_built_in_code():
+    from structnmt.model.methods.dbsa import DBSAParams
+
+    cfg = config_from_dict({"model": _model_section([{"name": "lpsi", "synch": "mse", "lambda_synch": 0.1}])})
+    params = cfg.model.methods[0]
+    assert params.entry() == {"name": "lpsi", "synch": "mse", "lambda_synch": 0.1}  # as written
+    params.sync = "rank"  # changed in code: saved and hashed as it now is, not as it was read
+    assert params.entry() == {"name": "lpsi", "sync": "rank", "lambda_sync": 0.1}
+    with pytest.raises(ConfigError, match=r"model\.methods\[0\]\.name: DBSAParams with name ''"):
+        config_from_dict({"model": _model_section([DBSAParams(layers=[1])])})
+    with pytest.raises(ConfigError, match=r"model\.methods\[0\]\.stack: name each stack once"):
+        config_from_dict({"model": _model_section([DBSAParams(name="dbsa", stack=[])])})
+
+
+@pytest.mark.parametrize("entry, field", [
+    ({"name": "dbsa", "sides": [["src"]]}, "sides"),
+    ({"name": "lpsi", "synch": "mse", "synch_layers": [2, "x"]}, "synch_layers[1]"),
+    ({"name": "lpsi", "synch": "mse", "synch_layers": [3]}, "synch_layers"),
+    ({"name": "syncattn", "sides": ["src"]}, "sides"),
+])
+def test_an_error_names_the_field_as_the_entry_spells_it(entry, field):
+    with pytest.raises(ConfigError) as err:
+        config_from_dict({"model": _model_section([entry])})
+    assert err.value.field == f"model.methods[0].{field}", str(err.value)

@@ -185,6 +185,16 @@ def test_trees_travel_as_one_file_and_pin_the_cache(tmp_path: Path) -> None:
     assert there.calls == calls  # nothing parsed afresh
     with pytest.raises(DataError, match="line 2 .'x y'. is not among the imported trees .trees.jsonl.gz"):
         pinned.parse(["a b c", "x y"], [1, 2])
+    # a dataset records the trees file its cache was pinned to: built otherwise, it is stale
+    from structnmt.config import config_from_dict
+    from structnmt.data.identity import StaleDatasetError, check_unchanged
+
+    data = config_from_dict({"data": {"src": {"lang": "en"}, "tgt": {"lang": "de"}, "dir": str(tmp_path / "d"),
+                                      "splits": {"train": {"src": "a", "tgt": "b"}}}}).data
+    check_unchanged({"files": {}, "parsers": {}, "trees": digest}, data, digest)
+    with pytest.raises(StaleDatasetError, match="built from its parser's own trees; the parse cache now holds the "
+                                                "imported trees file"):
+        check_unchanged({"files": {}, "parsers": {}}, data, digest)
     (tmp_path / "bad.gz").write_bytes(b"not gzip")
     with pytest.raises(DataError, match="not a structnmt trees file"):
         import_trees(tmp_path / "bad.gz", tmp_path / "there")

@@ -84,6 +84,16 @@ def test_a_bad_study_file_names_the_field(recipes, tmp_path, change, field):
     assert f"{field}:" in str(err.value) and str(path) in str(err.value)
 
 
+def test_an_empty_overrides_key_means_no_overrides(recipes, tmp_path):
+    path = _study_file(tmp_path, recipes)
+    spec = yaml.safe_load(path.read_text())
+    spec["overrides"] = None
+    spec["recipes"][0]["overrides"] = None
+    path.write_text(yaml.safe_dump(spec))
+    study = load_study(path)
+    assert study.overrides == {} and study.recipes[0].overrides == {}
+
+
 def test_duplicate_names_and_unknown_override_fields_are_refused(recipes, tmp_path):
     twice = _study_file(tmp_path, recipes, extra=[{"name": "pascal", "config": str(recipes["pascal"])}])
     with pytest.raises(ConfigError, match=r"recipes\[2\]\.name: duplicate recipe name 'pascal'"):

@@ -166,13 +166,20 @@ def _short(digest: str | None) -> str:
     return f"{digest[:12]}…" if digest else "none"
 
 
-def check_unchanged(recorded: dict, data: DataConfig) -> None:
+def check_unchanged(recorded: dict, data: DataConfig, trees: str | None = None) -> None:
     """Raise :class:`StaleDatasetError` naming the first input that differs from ``recorded``.
 
     ``recorded`` is the ``"inputs"`` entry of an existing dataset's ``meta.json``. Sizes are
-    compared first (no hashing when they differ); equal sizes are hashed.
+    compared first (no hashing when they differ); equal sizes are hashed. ``trees`` is the
+    SHA-256 of the trees file the parse cache is pinned to now (``structnmt trees import``).
     """
     hint = "rerun with --force to rebuild"
+    if recorded.get("trees") != trees:
+        def what(pin: str | None) -> str:
+            return f"the imported trees file {_short(pin)}" if pin else "its parser's own trees"
+
+        raise StaleDatasetError(f"the dataset was built from {what(recorded.get('trees'))}; the parse cache now "
+                                f"holds {what(trees)}; {hint}")
     old_files = recorded.get("files", {})
     for role, path in input_files(data).items():
         old = old_files.get(role)

@@ -172,7 +172,10 @@ class Preprocessor:
                          line: int = 0) -> Side:
         """One side of a sentence with a given tree (a gold one, say), built exactly as
         ``prepare`` builds a parsed side: sub-words aligned to the tree's words, words that share
-        a piece merged, scenes when the side derives them."""
+        a piece merged, scenes when the side derives them from the tree."""
+        if self.side_cfg(side).scenes == "ucca":
+            raise ConfigError("the run reads UCCA scenes on this side, which a gold tree does not give",
+                              f"data.{side}.scenes")
         return self._side(side, text, tree, "gold", line, path)
 
     def _scenes(self, side: str, tree: DepTree, split: str, line: int) -> Scenes | None:

@@ -37,6 +37,7 @@ from pathlib import Path
 from structnmt.config import DataConfig, ExperimentConfig, from_dict
 from structnmt.data.dataset import read_meta
 from structnmt.data.identity import StaleDatasetError, check_unchanged
+from structnmt.data.parsing.cache import pinned_to
 from structnmt.data.pipeline import SIDES
 from structnmt.data.stream import assemble, encode_shard, make_plan, task_tag
 from structnmt.errors import ConfigError, StructNMTError
@@ -201,7 +202,7 @@ def _keep_existing(out: Path, data: DataConfig, force: bool, verbose: bool) -> b
     if not same_config(old.get("data"), data):
         raise ConfigError(f"{out} holds a dataset prepared from a different config; "
                           "use --force to replace it", "data.dir")
-    check_unchanged(old["inputs"], data)
+    check_unchanged(old["inputs"], data, pinned_to(cache_dir_of(data)))
     if verbose:
         print(f"{out}: already prepared from this config and these inputs (use --force to rebuild)")
     return True
@@ -251,7 +252,7 @@ def prepare_subwords(cfg: ExperimentConfig, force: bool = False, verbose: bool =
             if not force and (current := _read_plan(final)) is not None:
                 if current.get("config_digest") == make_config_digest(data):
                     try:
-                        check_unchanged(current["inputs"], data)
+                        check_unchanged(current["inputs"], data, pinned_to(cache_dir_of(data)))
                         if verbose:
                             print(f"{final}: sub-word plan already made from this config and these inputs")
                         return final
@@ -298,7 +299,7 @@ def current_plan(data: DataConfig) -> tuple[Path, dict]:
     if plan.get("config_digest") != make_config_digest(data):
         raise ShardError(f"{directory}: the sub-word plan was made from another data config; {again}")
     try:
-        check_unchanged(plan["inputs"], data)
+        check_unchanged(plan["inputs"], data, pinned_to(cache_dir_of(data)))
     except StructNMTError as err:
         raise ShardError(f"{directory}: the sub-word plan is stale ({str(err).split('; rerun')[0]}); "
                          f"{again}") from None

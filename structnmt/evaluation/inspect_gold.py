@@ -37,13 +37,23 @@ from structnmt.io import atomic_write_text
 
 def _gold_text(block: str, moses: bool) -> str:
     """The sentence a CoNLL-U block's tree indexes: its ``# text`` (raw, as the run's data was
-    read) or, for a run trained on Moses-tokenised text, its word forms joined by spaces."""
-    forms = [row.split("\t")[1] for row in block.splitlines()
-             if row and not row.startswith("#") and row.split("\t")[0].isdigit()]
+    read) or, for a run trained on Moses-tokenised text, its surface tokens joined by spaces (a
+    multi-word token such as French "au" once, not its syntactic words "à le")."""
     if not moses:
         for row in block.splitlines():
             if row.startswith("# text = "):
                 return row.removeprefix("# text = ").strip()
+    forms, inside = [], 0  # inside: the last word id of the multi-word token being read
+    for row in block.splitlines():
+        cells = row.split("\t")
+        if row.startswith("#") or len(cells) < 2:
+            continue
+        first, _, last = cells[0].partition("-")
+        if last.isdigit():
+            forms.append(cells[1])
+            inside = int(last)
+        elif first.isdigit() and int(first) > inside:
+            forms.append(cells[1])
     return " ".join(forms)
 
 
@@ -100,6 +110,11 @@ def inspect_trees_gold(translator: Translator, conllu: str | Path, out_dir: Path
     texts, trees, lines = gold_trees(conllu, moses=bool(pre.moses))
     gold_sides = [pre.encode_with_tree(side, text, tree, str(conllu), line)
                   for text, tree, line in zip(texts, trees, lines)]
+    limit = model.cfg.max_positions - 1
+    for gold, line in zip(gold_sides, lines):
+        if len(gold.ids) > limit:
+            raise DataError(f"{len(gold.ids)} sub-words; the model reads at most {limit} (model.max_positions)",
+                            conllu, line)
     needs = model.structure_needs(inference=False)
     if side == "src":
         targets = _lines(tgt, len(texts), "targets") if tgt is not None else [""] * len(texts)

@@ -164,13 +164,15 @@ def _pin_trees(study: Study, cfg) -> bool:
         return False
     from structnmt.data.parsing.cache import import_trees, pinned_to
     from structnmt.data.prepare import cache_dir_of
+    from structnmt.locks import DirectoryLock
 
-    cache = cache_dir_of(cfg.data)
-    if pinned_to(cache) == study.trees.sha256.lower():
-        return False
-    counts = import_trees(study.trees.file, cache, study.trees.sha256)
-    _say(f"{cfg.data.dir}: trees pinned to {study.trees.file} ({', '.join(f'{s} {n}' for s, n in counts.items())})")
-    return True
+    cache, want = cache_dir_of(cfg.data), study.trees.sha256.lower()
+    if pinned_to(cache) != want:
+        with DirectoryLock(Path(cfg.data.dir), "trees import", messages=_say):
+            counts = import_trees(study.trees.file, cache, want)
+        _say(f"{cfg.data.dir}: trees pinned to {study.trees.file} ({', '.join(f'{s} {n}' for s, n in counts.items())})")
+    meta = Path(cfg.data.dir) / "meta.json"  # a dataset built from other trees is built again
+    return meta.is_file() and (json.loads(meta.read_text(encoding="utf-8")).get("inputs") or {}).get("trees") != want
 
 
 def prepare_datasets(study: Study, runs: list[tuple[str, int]]) -> dict[str, str]:

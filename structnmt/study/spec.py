@@ -244,6 +244,12 @@ def load_study(path: str | Path) -> Study:
         raise ConfigError(f"not valid YAML ({err})", path=path) from None
     if not isinstance(raw, dict):
         raise ConfigError("a study file is a mapping (name, baseline, seeds, max_steps, recipes)", path=path)
+    # an ``overrides:`` key left empty reads as YAML null: no overrides
+    if raw.get("overrides", {}) is None:
+        raw["overrides"] = {}
+    for item in raw.get("recipes") or []:
+        if isinstance(item, dict) and "overrides" in item and item["overrides"] is None:
+            item["overrides"] = {}
     try:
         spec = from_dict(StudyFile, raw)
     except ConfigError as err:

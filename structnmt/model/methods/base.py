@@ -196,8 +196,8 @@ class AttentionPlugin(nn.Module):
 
 
 class Method(Generic[P]):
-    """A structure-aware method as configured in one ``model.methods`` entry (its typed ``Params``,
-    already checked against the model when the config was loaded: building one never refuses)."""
+    """A structure-aware method as configured in one ``model.methods`` entry: its typed ``Params``,
+    checked field by field when the config was read and against the model by ``build_methods``."""
 
     name: ClassVar[str] = ""
     Params: ClassVar[type[MethodParams]] = MethodParams
