@@ -155,22 +155,12 @@ class StudyFile:
 
 
 @dataclass
-class Study:
-    name: str
-    path: Path
-    baseline: str
-    seeds: list[int]
-    max_steps: int
-    recipes: list[Recipe]
-    test_sets: list[str] | None = None
-    overrides: dict[str, Any] = field(default_factory=dict)
-    records: Path = Path(".")
-    work_dir: Path = Path(".")
-    executor: ExecutorSpec = field(default_factory=ExecutorSpec)
-    slurm: SlurmSpec = field(default_factory=SlurmSpec)
-    long_dependency: int = 7
-    test_checkpoint: str = "last"  # last | best: the checkpoint every run is tested on, one rule for all
-    trees: TreesSpec | None = None
+class Study(StudyFile):
+    """A loaded study: the file's fields, where the file is, and where records and runs go."""
+
+    path: Path = Path(".")
+    records: Path = Path(".")  # type: ignore[assignment]  # the file's, or the file's path without .yaml
+    work_dir: Path = Path(".")  # type: ignore[assignment]  # the file's, or runs/study_<name>
 
     def recipe(self, name: str) -> Recipe:
         return next(r for r in self.recipes if r.name == name)
@@ -254,14 +244,8 @@ def load_study(path: str | Path) -> Study:
         spec = from_dict(StudyFile, raw)
     except ConfigError as err:
         raise ConfigError(err.message, err.field, path) from None
-    study = Study(
-        name=spec.name, path=path, baseline=spec.baseline, seeds=spec.seeds, max_steps=spec.max_steps,
-        recipes=spec.recipes, test_sets=spec.test_sets, overrides=dict(spec.overrides),
-        records=Path(spec.records or path.with_suffix("")),
-        work_dir=Path(spec.work_dir or f"runs/study_{spec.name}"),
-        executor=spec.executor, slurm=spec.slurm, long_dependency=spec.long_dependency,
-        test_checkpoint=spec.test_checkpoint, trees=spec.trees,
-    )
+    study = Study(**{**vars(spec), "path": path, "records": Path(spec.records or path.with_suffix("")),
+                     "work_dir": Path(spec.work_dir or f"runs/study_{spec.name}")})
     recipes, seeds = spec.recipes, spec.seeds
     # every run's config, validated now: an unknown field in an override names its recipe
     datasets: dict[str, tuple[str, dict]] = {}
