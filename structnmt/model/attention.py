@@ -132,12 +132,18 @@ class MultiHeadAttention(nn.Module):
             self.kv_proj = nn.Linear(d_model, 2 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.plugins = nn.ModuleList()
+        self._structural, self._all_flex, self._all_sdpa = False, True, True  # see add_plugin
         #: the fused kernel for structural plug-ins: None picks by device (flex on CUDA, SDPA
         #: elsewhere); "flex" or "sdpa" forces one where it can run (tests, benchmarks)
         self.fused_kernel: str | None = None
 
     def add_plugin(self, plugin: AttentionPlugin) -> None:
         self.plugins.append(plugin)
+        # which fused forms the layer's plug-ins offer depends on their classes alone: decided
+        # here once, not in every call (the decoder step runs ``route`` per layer and token)
+        self._structural = self._structural or structural(plugin)
+        self._all_flex = self._all_flex and flex_form(plugin)
+        self._all_sdpa = self._all_sdpa and sdpa_form(plugin)
 
     # -- projections ------------------------------------------------------------
     def _split(self, x: Tensor) -> Tensor:
@@ -241,7 +247,7 @@ class MultiHeadAttention(nn.Module):
         """Which route this call takes: ``"explicit"``, ``"sdpa"`` or ``"flex"`` (module docstring)."""
         if ctx.wants("probs") or self.prefers_explicit(q) or any(p.explicit for p in self.plugins):
             return "explicit"
-        struct = any(structural(p) for p in self.plugins)
+        struct = self._structural
         if not struct and self.fused_kernel != "flex":
             return "sdpa"  # queries/keys hooks and biases: the fused kernel as it always was
         device = q.device.type
@@ -249,10 +255,10 @@ class MultiHeadAttention(nn.Module):
             return "explicit"  # no faster on the CPU at NMT lengths: today's numerics stay
         grad = torch.is_grad_enabled() and (any(t.requires_grad for t in (q, k, v))
                                             or any(p.requires_grad for p in self.plugins.parameters()))
-        flex = (flex_available() and all(flex_form(p) for p in self.plugins)
+        flex = (flex_available() and self._all_flex
                 and (device == "cuda" or (device == "cpu" and not grad))  # no backward on the CPU
                 and not (self.training and self.dropout > 0.0))  # FlexAttention has no dropout
-        sdpa = all(sdpa_form(p) for p in self.plugins)
+        sdpa = self._all_sdpa
         if self.fused_kernel == "flex" and flex:
             return "flex"
         if not struct:

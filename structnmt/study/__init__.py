@@ -162,6 +162,7 @@ def _pin_trees(study: Study, cfg) -> bool:
     now, so that a dataset built from other trees is built again."""
     if study.trees is None:
         return False
+    from structnmt.data.dataset import read_meta
     from structnmt.data.parsing.cache import import_trees, pinned_to
     from structnmt.data.prepare import cache_dir_of
     from structnmt.locks import DirectoryLock
@@ -171,8 +172,9 @@ def _pin_trees(study: Study, cfg) -> bool:
         with DirectoryLock(Path(cfg.data.dir), "trees import", messages=_say):
             counts = import_trees(study.trees.file, cache, want)
         _say(f"{cfg.data.dir}: trees pinned to {study.trees.file} ({', '.join(f'{s} {n}' for s, n in counts.items())})")
-    meta = Path(cfg.data.dir) / "meta.json"  # a dataset built from other trees is built again
-    return meta.is_file() and (json.loads(meta.read_text(encoding="utf-8")).get("inputs") or {}).get("trees") != want
+    if not (Path(cfg.data.dir) / "meta.json").is_file():
+        return False
+    return (read_meta(cfg.data.dir).get("inputs") or {}).get("trees") != want  # built from other trees: again
 
 
 def prepare_datasets(study: Study, runs: list[tuple[str, int]]) -> dict[str, str]:
