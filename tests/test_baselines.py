@@ -296,6 +296,20 @@ def test_sh_labels_refuse_unknown_ids_and_impossible_sizes():
         build_methods(model_cfg([{"name": "sh_labels", "stack": "decoder"}]))
 
 
+def test_sh_labels_refuse_a_dataset_with_more_labels_before_training(tmp_path):
+    """The check that lets the per-batch one be skipped under torch.compile."""
+    import json
+
+    from structnmt.training.checks import check_methods_against_dataset
+
+    _, model = twin_models([{"name": "sh_labels", "n_labels": 6}])
+    (tmp_path / "meta.json").write_text(json.dumps({"labels": [f"l{i}" for i in range(6)]}))
+    check_methods_against_dataset(model, tmp_path)  # six labels fit a table of six
+    (tmp_path / "meta.json").write_text(json.dumps({"labels": [f"l{i}" for i in range(7)]}))
+    with pytest.raises(ConfigError, match="7 dependency labels.*at least 7"):
+        check_methods_against_dataset(model, tmp_path)
+
+
 # ---------------------------------------------------------------------------
 # every baseline trains and translates with its inference fields only
 

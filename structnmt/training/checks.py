@@ -94,6 +94,14 @@ def warn_weak_german_trees(model: Any, cfg: ExperimentConfig) -> None:
                     "French model is trained on UD.", file=sys.stderr, flush=True)
 
 
+def check_methods_against_dataset(model: Any, dataset_dir: Path) -> None:
+    """Let every method refuse a dataset it cannot read, once, before the first batch."""
+    meta_file = dataset_dir / "meta.json"
+    meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
+    for method in model.methods:
+        method.check_dataset(meta)
+
+
 def check_conventions(model: Any, dataset_dir: Path) -> None:
     """Refuse to synchronise trees of two annotation conventions (SyncAttn, both-side DBSA).
 

@@ -57,6 +57,7 @@ from structnmt.training.checks import (
     check_conventions,
     check_dataset_matches_config,
     check_lengths,
+    check_methods_against_dataset,
     check_shared_embeddings,
     warn_weak_german_trees,
 )
@@ -465,6 +466,7 @@ def train(cfg: ExperimentConfig, resume: bool = False,
         check_shared_embeddings(cfg, Path(cfg.data.dir))
         model = Transformer(cfg.model, src_vocab, tgt_vocab)
         check_conventions(model, Path(cfg.data.dir))
+        check_methods_against_dataset(model, Path(cfg.data.dir))
         warn_weak_german_trees(model, cfg)
         train_set = ParallelDataset(cfg.data.dir, cfg.data.train_split)
         valid_dir = Path(cfg.data.dir) / cfg.data.valid_split

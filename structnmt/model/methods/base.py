@@ -244,6 +244,11 @@ class Method(Generic[P]):
         """Parameters used by ``embed``; the model registers them."""
         return None
 
+    def check_dataset(self, meta: dict[str, Any]) -> None:
+        """Refuse, before training, a dataset this method cannot read (``meta.json``'s contents).
+
+        Checks here run once instead of per batch, where they would stop a compiled graph."""
+
     def records(self) -> set[RecordKey]:
         """Attention tensors ``loss`` needs, e.g. ``("decoder", 2, "cross", "probs")``."""
         return set()

@@ -11,8 +11,11 @@ embeddings, so both halves start at one scale). Only real sub-words are changed:
 padding keep their token embedding. The table adds ``n_labels · d_label`` parameters.
 
 ``n_labels`` must cover the dataset's label vocabulary (``meta.json`` ``labels``; UD has
-37 relations plus subtypes, and id 0 is ``<none>``); a batch holding a larger id is refused
-with a :class:`ConfigError` naming the field, never silently clipped. The labels come from
+37 relations plus subtypes, and id 0 is ``<none>``): a dataset with more labels is refused
+before training, and an eager batch holding a larger id (a model fed another dataset) is
+refused too, with a :class:`ConfigError` naming the field, never silently clipped. Under
+``torch.compile`` the per-batch check is skipped (it would split the graph); the check
+before training covers that case. The labels come from
 the source parser, which therefore also runs at translation time.
 """
 
@@ -75,6 +78,13 @@ class ShLabels(Method[ShLabelsParams]):
         self.table = nn.Embedding(p.n_labels, p.d_label)
         nn.init.normal_(self.table.weight, mean=0.0, std=model_cfg.d_model ** -0.5)
 
+    def check_dataset(self, meta: dict) -> None:
+        labels = meta.get("labels") or []
+        if len(labels) > self.table.num_embeddings:
+            raise ConfigError(f"the dataset has {len(labels)} dependency labels (meta.json), more than the table's "
+                              f"{self.table.num_embeddings}: raise n_labels to at least {len(labels)}",
+                              "sh_labels.n_labels")
+
     def embedding_module(self) -> nn.Module:
         return self.table
 
@@ -86,7 +96,7 @@ class ShLabels(Method[ShLabelsParams]):
                             "parser (data.src.parser) and translate with it")
         labels = struct["labels"]
         n_labels = self.table.num_embeddings
-        if labels.numel() and bool(((labels < 0) | (labels >= n_labels)).any()):
+        if not torch.compiler.is_compiling() and labels.numel() and bool(((labels < 0) | (labels >= n_labels)).any()):
             raise ConfigError(f"the data holds dependency-label id {int(labels.max())}, outside the table of "
                               f"{n_labels} labels: raise n_labels to the size of meta.json's label list",
                               "sh_labels.n_labels")
