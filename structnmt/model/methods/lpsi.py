@@ -92,10 +92,27 @@ class SyntacticGatePlugin(AttentionPlugin):
 
     def distances(self, keys: Tensor) -> Tensor:
         """(B, H', J, d) keys -> (B, H', J) distances in [−1, 1]."""
+        if torch.compiler.is_compiling():
+            return self._distances_by_taps(keys)
         b, h, j, d = keys.shape
         x = keys.reshape(b * h, j, d).transpose(1, 2)  # (B·H', d, J)
         x = F.pad(x, (self.lookback, 0))
         return torch.tanh(self.conv(x.to(self.conv.weight.dtype))).view(b, h, j)
+
+    def _distances_by_taps(self, keys: Tensor) -> Tensor:
+        """The convolution as one projection and M+1 shifted sums, y_i = b + Σ_m k_{i−M+m}·W_m.
+
+        The same numbers as ``self.conv`` (to rounding), for torch.compile: its convolution
+        lowering fixes the sequence length, one recompilation per batch length, while this
+        keeps the length symbolic. Eager training keeps the convolution, so its records stay
+        bit for bit."""
+        weight = self.conv.weight[0]  # (d, M+1)
+        z = torch.matmul(keys.to(weight.dtype), weight)  # (B, H', J, M+1): key i's term for tap m
+        j = keys.size(2)
+        y = self.conv.bias.expand(z.shape[:-1])
+        for m in range(self.lookback + 1):
+            y = y + F.pad(z[..., m], (self.lookback - m, 0))[..., :j]  # tap m reads M−m keys back
+        return torch.tanh(y)
 
     def scores(self, s: Tensor, ctx: AttentionContext) -> Tensor:
         assert ctx.k is not None
