@@ -154,23 +154,3 @@ def test_shared_and_tied_embeddings():
     assert shared.src_embed is shared.tgt_embed and shared.output is None
     separate = tiny(share_embeddings=False, tie_output=False)
     assert separate.num_parameters() == shared.num_parameters() + V * 32 * 2
-
-
-def test_kv_buffer_equals_concatenating_and_reindexing():
-    """Beam search's self-attention cache: in-place appends past its capacity, re-orders that
-    repeat and drop rows, give what concatenating and index_select give."""
-    from structnmt.model.attention import KVBuffer
-
-    torch.manual_seed(0)
-    k, v = torch.randn(6, 2, 3, 4), torch.randn(6, 2, 3, 4)
-    buffer = KVBuffer(k, v, capacity=4)
-    for step in range(9):  # grows twice: 4 -> 8 -> 16
-        rows = k.size(0)
-        new_k, new_v = torch.randn(rows, 2, 1, 4), torch.randn(rows, 2, 1, 4)
-        k, v = torch.cat([k, new_k], 2), torch.cat([v, new_v], 2)
-        got_k, got_v = buffer.append(new_k, new_v)
-        assert torch.equal(got_k, k) and torch.equal(got_v, v)
-        index = torch.randint(0, rows, (rows - (step % 3 == 2),))  # repeats, and now and then one row fewer
-        k, v = k.index_select(0, index), v.index_select(0, index)
-        buffer.reorder(index)
-        assert torch.equal(buffer.k, k) and torch.equal(buffer.v, v) and buffer.length == k.size(2)

@@ -18,7 +18,7 @@ from torch import Tensor, nn
 
 from structnmt.config import ModelConfig
 from structnmt.data.batch import PAD_ID, Batch
-from structnmt.model.attention import KVBuffer, MultiHeadAttention
+from structnmt.model.attention import MultiHeadAttention
 from structnmt.model.methods import Method, RecordKey, Site, build_methods, structure_needs
 
 
@@ -203,8 +203,8 @@ class Transformer(nn.Module):
         """Logits for every position of ``tgt_in``; with ``cache`` only the new positions are fed."""
         struct = struct if struct is not None else enc.struct
         offset = 0
-        if cache is not None and "kv" in cache[0].get("self", {}):
-            offset = cache[0]["self"]["kv"].length
+        if cache is not None and "k" in cache[0].get("self", {}):
+            offset = cache[0]["self"]["k"].size(2)
         tgt_pad = tgt_in.eq(PAD_ID) if cache is None else None
         tgt_pad = tgt_pad if tgt_pad is not None and (_always_mask() or bool(tgt_pad.any())) else None
         src_pad = enc.src_pad if enc.padded else None
@@ -234,8 +234,6 @@ class Transformer(nn.Module):
         """Keep rows ``index`` of every cached tensor (beam re-ordering and shrinking)."""
 
         def pick(node: Any) -> Any:
-            if isinstance(node, KVBuffer):
-                return node.reorder(index)
             if isinstance(node, Tensor):
                 return node.index_select(0, index)
             if isinstance(node, dict):
