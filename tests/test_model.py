@@ -114,6 +114,25 @@ def test_beam_one_equals_greedy_and_beam_finds_the_memorised_targets():
         assert hyps[0].score >= g[0].score - 1e-5  # a wider beam finds at least the greedy path here
 
 
+def test_beams_sharing_one_copy_of_the_source_search_as_beams_with_their_own(monkeypatch):
+    """Beam search keeps one copy of each source's cross-attention keys and values for all its
+    beams (the beams are extra queries); copying the source per beam gives the same search.
+    The half-memorised targets have 6, 4 and 6 words: the second sentence finishes first and
+    the sources are cut down to the other two mid-search (taking the wrong rows fails this)."""
+    model = tiny()
+    batch = toy_batch()
+    overfit(model, batch, 60)
+    assert model.shares_source_across_beams()
+    runs = []
+    for shared in (True, False):
+        monkeypatch.setattr(Transformer, "shares_source_across_beams", lambda self, s=shared: s)
+        runs.append(beam_search(model, Batch(batch.src), beam=2, length_penalty_alpha=1.0, nbest=2))
+    for one, many in zip(*runs):
+        assert [h.tokens for h in one] == [h.tokens for h in many]
+        assert [h.logprob for h in one] == pytest.approx([h.logprob for h in many], abs=1e-5)
+    assert len(runs[0][1][0].tokens) < min(len(runs[0][0][0].tokens), len(runs[0][2][0].tokens))
+
+
 def test_beam_scores_are_length_normalised_log_probabilities():
     model = tiny()
     batch = toy_batch()

@@ -209,6 +209,10 @@ class MultiHeadAttention(nn.Module):
                     k = plugin.keys(k, ctx)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
+        beams = q.size(0) // k.size(0) if not self.is_self and k.size(0) != q.size(0) else 1
+        if beams > 1:  # beam search shares each source among its beams: they become extra queries
+            n, heads, length, d_head = k.size(0), q.size(1), q.size(2), q.size(3)
+            q = q.view(n, beams, heads, length, d_head).transpose(1, 2).reshape(n, heads, beams * length, d_head)
         ctx.q_offset = q_offset
         ctx.causal = causal
         for plugin in self.plugins:
@@ -239,7 +243,7 @@ class MultiHeadAttention(nn.Module):
                             scale = factor if scale is None else scale * factor
                 out = self._fused(q, k, v, key_padding, causal, bias, scale)
         b, _, length, _ = out.shape
-        out = out.transpose(1, 2).reshape(b, length, self.d_model)
+        out = out.transpose(1, 2).reshape(b * beams, length // beams, self.d_model)
         return self.out_proj(out)
 
     # -- the routes ---------------------------------------------------------------------

@@ -96,7 +96,9 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
     enc = _encode(model, batch)
     n_sent = batch.src.size(0)
     max_len = _max_lengths(enc, max_len_a, max_len_b, model.cfg.max_positions - 2)
-    enc = enc.index_select(torch.arange(n_sent, device=device).repeat_interleave(beam))
+    shared = model.shares_source_across_beams()  # one copy of each source, not one per beam
+    if not shared:
+        enc = enc.index_select(torch.arange(n_sent, device=device).repeat_interleave(beam))
     cache = model.new_cache()
     finished: list[list[Hypothesis]] = [[] for _ in range(n_sent)]
     active = torch.arange(n_sent, device=device)  # original sentence number of each live group
@@ -156,8 +158,10 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
             groups = (keep[:, None] * beam + torch.arange(beam, device=device)).view(-1)
             history = history.index_select(0, groups)
             scores = scores.index_select(0, keep)
-            Transformer.reorder_cache(cache, groups, cross=True)
-            enc = enc.index_select(groups)
+            Transformer.reorder_cache(cache, groups, cross=not shared)
+            if shared:
+                Transformer.reorder_cache(cache, keep, self_attn=False)
+            enc = enc.index_select(keep if shared else groups)
             active = active.index_select(0, keep)
         step += 1
 

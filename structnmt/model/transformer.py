@@ -229,8 +229,17 @@ class Transformer(nn.Module):
     def new_cache(self) -> list[dict[str, Any]]:
         return [{} for _ in self.decoder]
 
+    def shares_source_across_beams(self) -> bool:
+        """True if beam search may keep one copy of each source for all its beams.
+
+        A cross-attention layer without plug-ins then reads the source's keys and values once per
+        sentence, with the beams as extra queries; a plug-in there may read per-row state, so
+        then every beam gets its own copy, as before."""
+        return not any(layer.cross_attn.plugins for layer in self.decoder)
+
     @staticmethod
-    def reorder_cache(cache: list[dict[str, Any]], index: Tensor, cross: bool = True) -> None:
+    def reorder_cache(cache: list[dict[str, Any]], index: Tensor, cross: bool = True,
+                      self_attn: bool = True) -> None:
         """Keep rows ``index`` of every cached tensor (beam re-ordering and shrinking)."""
 
         def pick(node: Any) -> Any:
@@ -241,7 +250,8 @@ class Transformer(nn.Module):
             return node
 
         for layer_cache in cache:
-            layer_cache["self"] = pick(layer_cache.get("self", {}))
+            if self_attn:
+                layer_cache["self"] = pick(layer_cache.get("self", {}))
             if cross:
                 layer_cache["cross"] = pick(layer_cache.get("cross", {}))
 
