@@ -209,8 +209,13 @@ class MultiHeadAttention(nn.Module):
                     k = plugin.keys(k, ctx)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
-        beams = q.size(0) // k.size(0) if not self.is_self and k.size(0) != q.size(0) else 1
-        if beams > 1:  # beam search shares each source among its beams: they become extra queries
+        beams = 1
+        if not self.is_self and k.size(0) != q.size(0):  # beam search: a sentence's beams share its source
+            if q.size(0) % k.size(0):
+                raise ValueError(f"cross-attention got {q.size(0)} target rows for {k.size(0)} sources: "
+                                 "expected the same number, or a whole number of beams per source")
+            beams = q.size(0) // k.size(0)
+        if beams > 1:  # the beams become extra queries of their sentence's one copy of the source
             n, heads, length, d_head = k.size(0), q.size(1), q.size(2), q.size(3)
             q = q.view(n, beams, heads, length, d_head).transpose(1, 2).reshape(n, heads, beams * length, d_head)
         ctx.q_offset = q_offset

@@ -234,7 +234,9 @@ class Transformer(nn.Module):
 
         A cross-attention layer without plug-ins then reads the source's keys and values once per
         sentence, with the beams as extra queries; a plug-in there may read per-row state, so
-        then every beam gets its own copy, as before."""
+        then every beam gets its own copy, as before. (No decoder self-attention plug-in or
+        target embedding reads source structure today; one that did would have to turn this
+        off too, since the encoder output then holds one row per sentence.)"""
         return not any(layer.cross_attn.plugins for layer in self.decoder)
 
     @staticmethod
