@@ -126,12 +126,14 @@ def build_variant(name: str, recipe: str, dataset: Path, training: Any, device: 
     from structnmt import load_config
     from structnmt.data.pipeline import Preprocessor
     from structnmt.model.transformer import Transformer
+    from structnmt.training.checks import check_methods_against_dataset
     from structnmt.training.trainer import Updater, vocab_sizes
 
     cfg = load_config(recipe, {"data.dir": str(dataset)})
     src_vocab, tgt_vocab = vocab_sizes(Preprocessor.from_dataset(dataset))
     torch.manual_seed(training.seed)
     model = Transformer(cfg.model, src_vocab, tgt_vocab)
+    check_methods_against_dataset(model, dataset)  # what the trainer refuses before a run
     updater = Updater(model, training, device, compile=compile)
     return Variant(name, cfg, updater, model.structure_needs())
 
