@@ -106,7 +106,7 @@ def _beam_steps(model, source_only, beam: int = 3):
         cache = model.new_cache()
         tokens = torch.full((n * beam, 1), BOS_ID, dtype=torch.long, device=device)
         first = model.decode(tokens, enc, cache=cache)
-        type(model).reorder_cache(cache, torch.arange(n * beam, device=device).flip(0), cross=False)
+        type(model).reorder_cache(cache, torch.arange(n * beam, device=device).flip(0))
         return first, model.decode(tokens, enc, cache=cache)
 
 

@@ -150,7 +150,7 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
         next_word = word.gather(1, order)
         rows = (torch.arange(n, device=device)[:, None] * beam + next_origin).view(-1)
         history = torch.cat([history.index_select(0, rows), next_word.view(-1, 1)], dim=1)
-        Transformer.reorder_cache(cache, rows, cross=False)
+        Transformer.reorder_cache(cache, rows)
         scores = next_scores
 
         if bool(done.any()):
@@ -158,10 +158,9 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
             groups = (keep[:, None] * beam + torch.arange(beam, device=device)).view(-1)
             history = history.index_select(0, groups)
             scores = scores.index_select(0, keep)
-            Transformer.reorder_cache(cache, groups, cross=not shared)
-            if shared:
-                Transformer.reorder_cache(cache, keep, self_attn=False)
-            enc = enc.index_select(keep if shared else groups)
+            sources = keep if shared else groups  # the rows of each source kept
+            Transformer.reorder_cache(cache, groups, sources)
+            enc = enc.index_select(sources)
             active = active.index_select(0, keep)
         step += 1
 

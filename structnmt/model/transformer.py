@@ -240,22 +240,23 @@ class Transformer(nn.Module):
         return not any(layer.cross_attn.plugins for layer in self.decoder)
 
     @staticmethod
-    def reorder_cache(cache: list[dict[str, Any]], index: Tensor, cross: bool = True,
-                      self_attn: bool = True) -> None:
-        """Keep rows ``index`` of every cached tensor (beam re-ordering and shrinking)."""
+    def reorder_cache(cache: list[dict[str, Any]], index: Tensor | None, cross_index: Tensor | None = None) -> None:
+        """Keep rows ``index`` of every self-attention cache and rows ``cross_index`` of every
+        cross-attention cache (beam re-ordering and shrinking); None leaves that cache as it is.
 
-        def pick(node: Any) -> Any:
+        The two differ when beams share their source (one cross row per sentence)."""
+
+        def pick(node: Any, rows: Tensor) -> Any:
             if isinstance(node, Tensor):
-                return node.index_select(0, index)
+                return node.index_select(0, rows)
             if isinstance(node, dict):
-                return {k: pick(v) for k, v in node.items()}
+                return {k: pick(v, rows) for k, v in node.items()}
             return node
 
         for layer_cache in cache:
-            if self_attn:
-                layer_cache["self"] = pick(layer_cache.get("self", {}))
-            if cross:
-                layer_cache["cross"] = pick(layer_cache.get("cross", {}))
+            for kind, rows in (("self", index), ("cross", cross_index)):
+                if rows is not None:
+                    layer_cache[kind] = pick(layer_cache.get(kind, {}), rows)
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

@@ -96,8 +96,11 @@ def warn_weak_german_trees(model: Any, cfg: ExperimentConfig) -> None:
 
 def check_methods_against_dataset(model: Any, dataset_dir: Path) -> None:
     """Let every method refuse a dataset it cannot read, once, before the first batch."""
-    meta_file = dataset_dir / "meta.json"
-    meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
+    if not model.methods or not (dataset_dir / "meta.json").is_file():
+        return
+    from structnmt.data.dataset import read_meta
+
+    meta = read_meta(dataset_dir)  # a damaged meta.json is named, not a traceback
     for method in model.methods:
         method.check_dataset(meta)
 
