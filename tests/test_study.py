@@ -503,20 +503,31 @@ def test_a_damaged_record_is_named_with_what_to_do_never_run_over(recipes, tmp_p
     assert _record_file(study, "pascal", 1).read_text() == '["not", "an", "object"]'
 
 
-def test_p_values_print_with_four_decimals(recipes, tmp_path):
-    # before: 0.04994 printed as 0.050, on the wrong side of the 0.05 it is read against
+def test_p_values_print_on_their_side_of_the_threshold(recipes, tmp_path):
+    # before: 0.04994 printed as 0.050; then 50/1001 = 0.04995 (a real p of the converged study,
+    # 1,000 resamples) printed as 0.0500, both on the wrong side of the 0.05 they are read against
     from structnmt.study.report import render
 
     study = load_study(_study_file(tmp_path, recipes, name="pvals"))
     table = {"test": {"vanilla": {"bleu": {1: 30.0, 2: 31.0}, "chrf": {1: 50.0, 2: 51.0}, "signature": {}},
                       "pascal": {"bleu": {1: 31.0, 2: 32.0}, "chrf": {1: 51.0, 2: 52.0}, "signature": {},
-                                 "verdict": {"verdict": "no significant difference", "pooled_p": 0.04985,
-                                             "p": {"1/1": 0.04994, "2/2": 0.001}, "aso": (0.25, 1.0)}}}}
+                                 "verdict": {"verdict": "no significant difference", "pooled_p": 50 / 1001,
+                                             "p": {"1/1": 0.04994, "2/2": 0.001, "1/2": 0.05}, "aso": (0.25, 1.0)}}}}
     data = {"records": {}, "missing": [], "failed": [], "stale": []}
     text = render(study, data, table, None, tmp_path / "report.md")
     (row,) = [line for line in text.splitlines() if line.startswith("| pascal |") and "s1:" in line]
-    assert "1/1: 0.0499, 2/2: 0.0010" in row and "| 0.0498 |" in row and "| 0.25 / 1.00 |" in row
+    assert "1/1: 0.0499, 2/2: 0.0010, 1/2: 0.0500" in row and "| 0.04995 |" in row and "| 0.25 / 1.00 |" in row
     assert "Almost Stochastic Order" in text and "It asks whether" in text
+
+
+def test_format_p_keeps_a_p_value_on_its_side_of_alpha():
+    from structnmt.evaluation.significance import format_p
+
+    assert format_p(0.0123) == "0.0123" and format_p(0.05) == "0.0500" and format_p(0.2) == "0.2000"
+    assert format_p(50 / 1001) == "0.04995"            # 1,000 resamples
+    assert format_p(500 / 10001) == "0.049995"         # 10,000
+    assert format_p(0.0500004) == "0.0500"             # above alpha: four decimals say so already
+    assert format_p(0.0096, alpha=0.01) == "0.0096" and format_p(0.009996, alpha=0.01) == "0.009996"
 
 
 def test_status_time_left_honours_jobs_and_runs_in_progress(monkeypatch):

@@ -193,6 +193,19 @@ def format_mean_sd(values: Sequence[float], digits: int = 2) -> str:
     return f"{mean:.{digits}f}{spread} ({n} seed{'s' if n != 1 else ''})"
 
 
+def format_p(p: float, alpha: float = 0.05, digits: int = 4) -> str:
+    """A p-value with ``digits`` decimals, or as many more as keep it on its side of ``alpha``.
+
+    A bootstrap with 1,000 resamples gives p = 50/1001 = 0.04995, which four decimals print as
+    0.0500: a reader comparing it with 0.05 would take a significant result for one that is not.
+    """
+    for places in range(digits, 10):
+        text = f"{p:.{places}f}"
+        if (float(text) < alpha) == (p < alpha):
+            return text
+    return repr(p)
+
+
 #: how :func:`compare_seeds` decides; returned with every verdict, for reports
 SEED_RULE = ("better: every seed pair (each system seed against each baseline seed) has the system above "
              "the baseline with p < {alpha} (sacreBLEU paired bootstrap, {n} resamples, seed {seed}, "

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from structnmt.errors import StructNMTError
-from structnmt.evaluation.significance import mean_sd
+from structnmt.evaluation.significance import format_p, mean_sd
 from structnmt.io import atomic_write_text
 from structnmt.study.provenance import known_calls, lines_digest
 from structnmt.study.runs import read_failure, read_record, record_damage, stale_reason
@@ -357,10 +357,10 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
             delta = f"{statistics.mean(bleu) - statistics.mean(base_bleu):+.2f}" if base_bleu and \
                 recipe != study.baseline else ""
             verdict = row.get("verdict") or {}
-            pvals = ", ".join(f"{pair}: {p:.4f}" for pair, p in (verdict.get("p") or {}).items())
+            pvals = ", ".join(f"{pair}: {format_p(p)}" for pair, p in (verdict.get("p") or {}).items())
             label = verdict.get("verdict", "baseline" if recipe == study.baseline else "no baseline runs")
             per_seed = ", ".join(f"s{s}: {v:.2f}" for s, v in row["bleu"].items())
-            pooled = f"{verdict['pooled_p']:.4f}" if verdict.get("pooled_p") is not None else ""
+            pooled = format_p(verdict["pooled_p"]) if verdict.get("pooled_p") is not None else ""
             aso = " / ".join(f"{e:.2f}" for e in verdict["aso"]) if verdict.get("aso") else ""
             ratios = [r for r in row.get("ratio", {}).values() if r is not None]
             lines.append(f"| {recipe} | {_mean_sd(bleu)} | {_mean_sd(list(row['chrf'].values()))} | "
