@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gzip
+import json
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +13,7 @@ import pytest
 from structnmt.config import ParserConfig
 from structnmt.data.example import DepTree
 from structnmt.data.parsing import CachedParser, finish_tree, make_parser
+from structnmt.data.parsing.cache import text_key
 from structnmt.data.parsing.conllu_backend import ConlluParser
 from structnmt.errors import ConfigError, DataError
 
@@ -164,6 +168,9 @@ def test_trees_travel_as_one_file_and_pin_the_cache(tmp_path: Path) -> None:
     made = CachedParser(here, tmp_path / "here" / "src").parse(texts)
     digest, count = export_trees(tmp_path / "here", tmp_path / "trees.jsonl.gz")
     assert count == 3 and export_trees(tmp_path / "here", tmp_path / "again.gz")[0] == digest  # same trees, same file
+    # the file keeps no text of the corpus (it can be committed): the words come back from the sentences
+    exported = gzip.decompress((tmp_path / "trees.jsonl.gz").read_bytes()).decode()
+    assert '"words"' not in exported and '"text"' not in exported and "d e f g" not in exported
 
     class OtherParser(CountingParser):  # a retrained parser: same name, other arcs
         def parse(self, texts, lines=None):
@@ -183,6 +190,7 @@ def test_trees_travel_as_one_file_and_pin_the_cache(tmp_path: Path) -> None:
     assert [(t.words, t.spans, t.heads, t.labels) for t in pinned.parse(texts)] == [
         (t.words, t.spans, t.heads, t.labels) for t in made]
     assert there.calls == calls  # nothing parsed afresh
+    assert [t.text for t in pinned.parse(texts)] == texts
     with pytest.raises(DataError, match="line 2 .'x y'. is not among the imported trees .trees.jsonl.gz"):
         pinned.parse(["a b c", "x y"], [1, 2])
     # a dataset records the trees file its cache was pinned to: built otherwise, it is stale
@@ -195,6 +203,18 @@ def test_trees_travel_as_one_file_and_pin_the_cache(tmp_path: Path) -> None:
     with pytest.raises(StaleDatasetError, match="built from its parser's own trees; the parse cache now holds the "
                                                 "imported trees file"):
         check_unchanged({"files": {}, "parsers": {}}, data, digest)
+    # a file of the earlier kind, whose trees keep their words, still imports
+    lines = gzip.decompress((tmp_path / "trees.jsonl.gz").read_bytes()).decode().splitlines()
+    with_words = [lines[0]] + [json.dumps({**json.loads(line), "tree": {**asdict(tree)}})
+                               for line, tree in zip(lines[1:], sorted(made, key=lambda t: text_key(t.text)))]
+    (tmp_path / "old.gz").write_bytes(gzip.compress(("\n".join(with_words) + "\n").encode()))
+    import_trees(tmp_path / "old.gz", tmp_path / "old")
+    assert [t.words for t in CachedParser(there, tmp_path / "old" / "src").parse(texts)] == [t.words for t in made]
+    # a tree whose arcs do not fit its sentence is refused at import
+    broken = [lines[0], lines[1].replace('"heads": [', '"heads": [7, ')]
+    (tmp_path / "broken.gz").write_bytes(gzip.compress(("\n".join(broken) + "\n").encode()))
+    with pytest.raises(DataError, match="not a structnmt trees file"):
+        import_trees(tmp_path / "broken.gz", tmp_path / "broken")
     (tmp_path / "bad.gz").write_bytes(b"not gzip")
     with pytest.raises(DataError, match="not a structnmt trees file"):
         import_trees(tmp_path / "bad.gz", tmp_path / "there")

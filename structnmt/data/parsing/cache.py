@@ -11,7 +11,10 @@ Entries are only ever added; delete the file to reclaim its space.
 
 Trees travel between machines as one file (:func:`export_trees`, :func:`import_trees`): a
 parser retrained on another machine from the same recipe may differ in a few arcs, so a study
-that must be redone exactly carries the trees it was trained on. An imported cache is *pinned*:
+that must be redone exactly carries the trees it was trained on. The file keeps no words: each
+tree is its sentence's SHA-256 with arcs, labels and character spans, and the words come back
+from the corpus when ``prepare`` looks the sentence up, so the file holds none of the corpus's
+text and can be committed beside a study. An imported cache is *pinned*:
 it is used whatever parser the config names, and a sentence it does not hold is an error, never
 parsed afresh (a dataset with trees of two parsers would pass for either).
 """
@@ -39,9 +42,25 @@ def text_key(text: str) -> bytes:
     return hashlib.sha256(text.encode("utf-8")).digest()
 
 
-def _tree_from_json(data: dict) -> DepTree:
-    return DepTree(text=data["text"], words=data["words"], spans=[tuple(s) for s in data["spans"]],
-                   heads=data["heads"], labels=data["labels"], parser=data.get("parser", ""))
+def _tree_from_json(data: dict, text: str | None = None) -> DepTree:
+    """A stored tree; one without its words (an imported trees file) takes them from ``text``,
+    the sentence it was looked up by (its key is that sentence's SHA-256, so they belong)."""
+    spans = [(int(a), int(b)) for a, b in data["spans"]]
+    if "text" in data:
+        return DepTree(text=data["text"], words=data["words"], spans=spans, heads=data["heads"],
+                       labels=data["labels"], parser=data.get("parser", ""))
+    if text is None or any(not 0 <= a < b <= len(text) for a, b in spans):
+        raise ValueError("a tree without words needs the sentence its spans point into")
+    return DepTree(text=text, words=[text[a:b] for a, b in spans], spans=spans, heads=data["heads"],
+                   labels=data["labels"], parser=data.get("parser", ""))
+
+
+def _check_arcs(tree: dict) -> None:
+    """Refuse a malformed tree of a trees file at import, not half-way through a prepare."""
+    n = len(tree["heads"])
+    if not (len(tree["labels"]) == len(tree["spans"]) == n and all(0 <= h < n for h in tree["heads"])
+            and all(len(s) == 2 for s in tree["spans"])):
+        raise ValueError("heads, labels and spans do not fit one sentence")
 
 
 class CachedParser:
@@ -104,6 +123,7 @@ class CachedParser:
     def parse(self, texts: list[str], lines: list[int] | None = None) -> list[DepTree]:
         db = self._connect()
         keys = [text_key(t) for t in texts]
+        text_of = dict(zip(keys, texts))
         found: dict[bytes, DepTree] = {}
         unique = list(dict.fromkeys(keys))
         for start in range(0, len(unique), 500):  # SQLite's limit on bound parameters
@@ -111,7 +131,7 @@ class CachedParser:
             query = f"SELECT key, tree FROM trees WHERE key IN ({','.join('?' * len(part))})"
             for key, tree in db.execute(query, part):
                 with contextlib.suppress(ValueError, KeyError, TypeError):
-                    found[key] = _tree_from_json(json.loads(tree))
+                    found[key] = _tree_from_json(json.loads(tree), text_of[key])
         todo = [k for k, key in enumerate(keys) if key not in found or found[key].text != texts[k]]
         self.hits += len(texts) - len(todo)
         self.misses += len(todo)
@@ -156,8 +176,9 @@ def _describe(identity: dict | None) -> str:
 def export_trees(cache_dir: str | Path, out: str | Path) -> tuple[str, int]:
     """Every tree of a dataset's parse caches (``<cache_dir>/<side>/parses.sqlite``) as one
     gzip-compressed JSON-lines file: per side a header naming the parser that made them, then
-    one line per sentence (SHA-256 of its text, tree), in key order with no time stamp, so the
-    same trees always give the same file. Returns (its SHA-256, number of trees)."""
+    one line per sentence (SHA-256 of its text, tree without text or words), in key order with
+    no time stamp, so the same trees always give the same file. Returns (its SHA-256, number of
+    trees)."""
     cache_dir, count = Path(cache_dir), 0
     sides = sorted(p.name for p in cache_dir.iterdir() if (p / "parses.sqlite").is_file()) if cache_dir.is_dir() else []
     if not sides:
@@ -170,7 +191,8 @@ def export_trees(cache_dir: str | Path, out: str | Path) -> tuple[str, int]:
                 header = {"structnmt_trees": 1, "side": side, "parser": json.loads(row[0]) if row else None}
                 gz.write((json.dumps(header, sort_keys=True) + "\n").encode())
                 for key, tree in db.execute("SELECT key, tree FROM trees ORDER BY key"):
-                    line = {"side": side, "key": key.hex(), "tree": json.loads(tree)}
+                    arcs = {k: v for k, v in json.loads(tree).items() if k not in ("text", "words")}
+                    line = {"side": side, "key": key.hex(), "tree": arcs}
                     gz.write((json.dumps(line, sort_keys=True, ensure_ascii=False) + "\n").encode())
                     count += 1
             finally:
@@ -211,7 +233,7 @@ def import_trees(file: str | Path, cache_dir: str | Path, sha256: str | None = N
                 if "structnmt_trees" in item:
                     by_side[item["side"]] = (item.get("parser") or {}, [])
                 elif item.get("side") in by_side:
-                    _tree_from_json(item["tree"])  # refuse a malformed tree here, not half-way through a prepare
+                    _check_arcs(item["tree"])
                     by_side[item["side"]][1].append((bytes.fromhex(item["key"]),
                                                      json.dumps(item["tree"], ensure_ascii=False)))
                 else:
