@@ -604,6 +604,8 @@ def test_a_fresh_clone_without_data_regenerates_the_report_byte_for_byte(tmp_pat
     assert "| pascal | 1 | 20 |" in written["report.md"].decode()
     (runs_row,) = [line for line in written["report.md"].decode().splitlines() if line.startswith("| pascal | 1 |")]
     assert runs_row.split(" | ")[7:9] == ["1", "-"]  # one call, one thread, never resumed
+    # machines of one model name differ in instruction set (and so in speed and precision)
+    assert f"Where the runs trained: {record['cpu']} ({record['cpu_info']['isa']}), cpu," in written["report.md"].decode()
 
     # a fresh clone: the records, no prepared dataset, the corpus files where the config names them
     data_dir = Path(study.run_config("pascal", 1).data.dir)
@@ -681,3 +683,23 @@ def test_the_committed_reports_regenerate_byte_for_byte(name, tmp_path, monkeypa
     out = write_report(study, out=tmp_path / "report.md")
     for suffix in (".md", ".json", ".png"):
         assert out.with_suffix(suffix).read_bytes() == (study.records / "report").with_suffix(suffix).read_bytes()
+
+
+def test_status_warns_when_this_machine_would_train_in_another_precision(recipes, tmp_path, monkeypatch):
+    # precision: auto takes bf16 only where the CPU has it: a study carried from an AVX-512 machine
+    # to an AVX2 one would go on in float32, silently, at under half the pace
+    import torch
+
+    from structnmt.study import format_status, precision_here, precision_mix
+
+    study = load_study(_study_file(tmp_path, recipes))
+    for native, name in ((True, "bfloat16"), (False, "float32")):
+        monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda native=native: native, raising=False)
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+        assert precision_here(study, "pascal", 1) == name
+    done = {"recipe": "a", "seed": 1, "state": "done", "step": 20, "bleu": 1.0, "note": "", "precision": "bfloat16"}
+    todo = {"recipe": "a", "seed": 2, "state": "pending", "step": None, "bleu": None, "note": "",
+            "precision_here": "float32"}
+    assert "note: this machine would train in float32; the records trained in bfloat16" in format_status([done, todo])
+    assert precision_mix([done, {**todo, "precision_here": "bfloat16"}]) == ""  # the same precision: no note
+    assert precision_mix([done]) == ""  # nothing left to run

@@ -320,7 +320,7 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
               f"structnmt study {study.path}            # runs what is missing, then writes this report",
               f"structnmt study {study.path} --status   # where every run stands",
               f"structnmt study {study.path} {report_flags}   # this report from the records", "```", ""]
-    machines = sorted({f"{r.get('cpu')}, {r.get('device')}, {r.get('precision')}, {r.get('threads')} thread(s)"
+    machines = sorted({f"{_cpu(r)}, {r.get('device')}, {r.get('precision')}, {r.get('threads')} thread(s)"
                        for r in all_records})
     if machines:
         lines += ["Where the runs trained: " + "; ".join(machines) + ".", ""]
@@ -401,6 +401,13 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
         lines.append("")
     lines += ["## The study file", "", "```yaml", study.path.read_text(encoding="utf-8").rstrip(), "```", ""]
     return "\n".join(lines)
+
+
+def _cpu(record: dict) -> str:
+    """The CPU with its instruction set where the record keeps it: machines of one model name
+    differ in it (AVX-512 with bf16 or AVX2 alone), and with it in speed and precision."""
+    isa = (record.get("cpu_info") or {}).get("isa")
+    return f"{record.get('cpu')} ({isa})" if isa else str(record.get("cpu"))
 
 
 def _calls_cells(record: dict[str, Any], log: Path) -> tuple[str, str]:
