@@ -61,6 +61,7 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
 
     study = study if isinstance(study, Study) else load_study(study)
     first_test = (study.test_sets or [None])[0]
+    here: list[str | None] = []  # computed once, and only when a run is not done
     rows = []
     for recipe, seed in study.runs():
         row: dict[str, Any] = {"recipe": recipe, "seed": seed, "state": "pending", "step": None, "bleu": None,
@@ -76,7 +77,7 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
             scores = record.get("scores") or {}
             test = first_test if first_test in scores else next(iter(scores), None)
             row.update(step=record.get("updates"), bleu=scores[test]["bleu"] if test else None,
-                       note=f"{test} BLEU" if test else "",
+                       note=f"{test} BLEU" if test else "", precision=record.get("precision"),
                        seconds=(record.get("train_seconds") or 0) + (record.get("test_seconds") or 0))
             if reason is None:
                 row["state"] = "done"
@@ -85,6 +86,9 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
                 rows.append(row)
                 continue
             row.update(state="stale", note=f"{reason}: will rerun")
+        if not here:
+            here.append(precision_here(study, recipe, seed))
+        row["precision_here"] = here[0]
         step, valid_bleu, per_update = _log_progress(run_dir)  # only runs without a standing record
         if holder(run_dir / STUDY_LOCK) is not None or holder(run_dir) is not None:
             note = ["valid BLEU so far" if valid_bleu is not None else "no validation yet"]
@@ -122,7 +126,33 @@ def format_status(rows: list[dict[str, Any]], jobs: int | None = None) -> str:
     lines.append(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
     if left := _time_left(rows, jobs):
         lines.append(left)
+    if mix := precision_mix(rows):
+        lines.append(mix)
     return "\n".join(lines)
+
+
+def precision_here(study: Study, recipe: str, seed: int) -> str:
+    """The precision a run would train in on this machine: ``precision: auto`` picks bf16 only
+    where the CPU or GPU has it, so machines of one model name can differ."""
+    import torch
+
+    from structnmt.training.environment import pick_precision
+
+    training = study.run_config(recipe, seed).training
+    device = training.device if training.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype, _ = pick_precision(training.precision, torch.device(device.split(":")[0]))
+    return str(dtype or torch.float32).replace("torch.", "")
+
+
+def precision_mix(rows: list[dict[str, Any]]) -> str:
+    """A warning when runs still to do would train in another precision than the recorded ones
+    (a study compares recipes trained alike; the forecast's pace is then the records' machine's)."""
+    recorded = sorted({r["precision"] for r in rows if r["state"] == "done" and r.get("precision")})
+    here = next((r["precision_here"] for r in rows if r.get("precision_here")), None)
+    if not recorded or here is None or recorded == [here]:
+        return ""
+    return (f"note: this machine would train in {here}; the records trained in {' and '.join(recorded)} "
+            "(training.precision auto follows the hardware): runs here would mix precisions within the study")
 
 
 def _time_left(rows: list[dict[str, Any]], jobs: int = 1) -> str:
@@ -259,6 +289,12 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
                 runnable.append((recipe, seed))
         _say(f"{len(runnable)} run(s) to do with the {kind} executor"
              + (f", {jobs} at a time" if kind == "local" else ""))
+        if runnable and kind == "local":
+            records = [read_record(study, r, s) for r, s in study.runs()]
+            rows = [{"state": "done", "precision": r.get("precision")} for r in records if isinstance(r, dict)]
+            rows.append({"state": "pending", "precision_here": precision_here(study, *runnable[0])})
+            if mix := precision_mix(rows):
+                _say(mix)
 
         def progress(recipe: str, seed: int, status: str) -> None:
             _say(f"{recipe} seed {seed}: {status}")
