@@ -109,7 +109,7 @@ class SlurmSpec:
 @dataclass
 class TreesSpec:
     """The trees every run of the study reads, as a file made by ``structnmt trees export``
-    (released beside the study; download it first), pinned by its SHA-256."""
+    (it keeps no words, so it is committed beside the study), pinned by its SHA-256."""
 
     file: str
     sha256: str
