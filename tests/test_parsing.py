@@ -210,14 +210,35 @@ def test_trees_travel_as_one_file_and_pin_the_cache(tmp_path: Path) -> None:
     (tmp_path / "old.gz").write_bytes(gzip.compress(("\n".join(with_words) + "\n").encode()))
     import_trees(tmp_path / "old.gz", tmp_path / "old")
     assert [t.words for t in CachedParser(there, tmp_path / "old" / "src").parse(texts)] == [t.words for t in made]
-    # a tree whose arcs do not fit its sentence is refused at import
-    broken = [lines[0], lines[1].replace('"heads": [', '"heads": [7, ')]
-    (tmp_path / "broken.gz").write_bytes(gzip.compress(("\n".join(broken) + "\n").encode()))
-    with pytest.raises(DataError, match="not a structnmt trees file"):
-        import_trees(tmp_path / "broken.gz", tmp_path / "broken")
+    # a tree whose arcs do not fit its sentence is refused at import: a head past its last word,
+    # one head too many
+    item = json.loads(lines[1])
+    for heads in ([99] + item["tree"]["heads"][1:], item["tree"]["heads"] + [0]):
+        broken = [lines[0], json.dumps({**item, "tree": {**item["tree"], "heads": heads}})]
+        (tmp_path / "broken.gz").write_bytes(gzip.compress(("\n".join(broken) + "\n").encode()))
+        with pytest.raises(DataError, match="not a structnmt trees file"):
+            import_trees(tmp_path / "broken.gz", tmp_path / "broken")
     (tmp_path / "bad.gz").write_bytes(b"not gzip")
     with pytest.raises(DataError, match="not a structnmt trees file"):
         import_trees(tmp_path / "bad.gz", tmp_path / "there")
+
+
+def test_a_trees_file_keeps_the_words_of_a_multi_word_token_only():
+    # Stanza and UDPipe split "zum" into "zu" + "dem", two words over one span: not slices of the
+    # sentence, so they travel with the tree; a word that is its span's slice comes from the sentence
+    from structnmt.data.parsing.cache import _tree_from_json, _without_text
+
+    tree = {"text": "Er geht zum Markt", "words": ["Er", "geht", "zu", "dem", "Markt"],
+            "spans": [[0, 2], [3, 7], [8, 11], [8, 11], [12, 17]], "heads": [1, 1, 4, 4, 1],
+            "labels": ["nsubj", "root", "case", "det", "obl"], "parser": "stanza:de"}
+    kept = _without_text(tree)
+    assert "text" not in kept and kept["words"] == ["Er", "geht", "zu", "dem", "Markt"]
+    assert _tree_from_json(kept, tree["text"]).words == ["Er", "geht", "zu", "dem", "Markt"]
+    slices = {**tree, "words": ["Er", "geht", "zum", "zum", "Markt"]}
+    assert "words" not in _without_text(slices)
+    assert _tree_from_json(_without_text(slices), tree["text"]).words == slices["words"]
+    with pytest.raises(ValueError, match="needs the sentence"):
+        _tree_from_json(kept, "Er geht")  # spans past the end: not this tree's sentence
 
 
 def _spacy():

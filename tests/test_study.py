@@ -605,7 +605,8 @@ def test_a_fresh_clone_without_data_regenerates_the_report_byte_for_byte(tmp_pat
     (runs_row,) = [line for line in written["report.md"].decode().splitlines() if line.startswith("| pascal | 1 |")]
     assert runs_row.split(" | ")[7:9] == ["1", "-"]  # one call, one thread, never resumed
     # machines of one model name differ in instruction set (and so in speed and precision)
-    assert f"Where the runs trained: {record['cpu']} ({record['cpu_info']['isa']}), cpu," in written["report.md"].decode()
+    machine = f"{record['cpu']} ({record['cpu_info']['isa']}), cpu,"
+    assert f"Where the runs trained: {machine}" in written["report.md"].decode()
 
     # a fresh clone: the records, no prepared dataset, the corpus files where the config names them
     data_dir = Path(study.run_config("pascal", 1).data.dir)
@@ -703,3 +704,11 @@ def test_status_warns_when_this_machine_would_train_in_another_precision(recipes
     assert "note: this machine would train in float32; the records trained in bfloat16" in format_status([done, todo])
     assert precision_mix([done, {**todo, "precision_here": "bfloat16"}]) == ""  # the same precision: no note
     assert precision_mix([done]) == ""  # nothing left to run
+    # a run stopped half-way on a machine with bf16: resumed here it would go on in float32
+    run_dir = study.run_dir("vanilla", 1)
+    run_dir.mkdir(parents=True)
+    (run_dir / "log.jsonl").write_text(json.dumps({"kind": "train", "step": 10, "elapsed_s": 5.0}) + "\n")
+    (run_dir / "run.json").write_text(json.dumps({"precision": "bfloat16"}))
+    row = next(r for r in study_status(study) if (r["recipe"], r["seed"]) == ("vanilla", 1))
+    assert row["state"] == "interrupted" and row["precision_here"] == "float32"
+    assert row["note"].endswith("it trained in bfloat16, this machine would go on in float32")

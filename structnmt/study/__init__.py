@@ -103,10 +103,22 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
         elif row["state"] == "pending" and not step and (source := adoptable(study, recipe, seed)) is not None:
             row["note"] = f"will adopt {source} (the same training digest and test view)"
         elif row["state"] == "pending" and step:
-            row.update(state="interrupted", step=step, bleu=valid_bleu, note="resumes from its last checkpoint",
+            note = "resumes from its last checkpoint"
+            before = _read_json_field(run_dir / "run.json", "precision")
+            if before and here[0] and before != here[0]:
+                note += f"; it trained in {before}, this machine would go on in {here[0]}"
+            row.update(state="interrupted", step=step, bleu=valid_bleu, note=note,
                        share_left=max(0.0, 1 - step / study.max_steps))
         rows.append(row)
     return rows
+
+
+def _read_json_field(path: Path, field: str) -> Any:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data.get(field) if isinstance(data, dict) else None
 
 
 def format_status(rows: list[dict[str, Any]], jobs: int | None = None) -> str:
@@ -131,16 +143,22 @@ def format_status(rows: list[dict[str, Any]], jobs: int | None = None) -> str:
     return "\n".join(lines)
 
 
-def precision_here(study: Study, recipe: str, seed: int) -> str:
+def precision_here(study: Study, recipe: str, seed: int) -> str | None:
     """The precision a run would train in on this machine: ``precision: auto`` picks bf16 only
     where the CPU or GPU has it, so machines of one model name can differ."""
     import torch
 
     from structnmt.training.environment import pick_precision
 
-    training = study.run_config(recipe, seed).training
-    device = training.device if training.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype, _ = pick_precision(training.precision, torch.device(device.split(":")[0]))
+    try:
+        training = study.run_config(recipe, seed).training
+        device = torch.device(training.device if training.device != "auto" else
+                              "cuda" if torch.cuda.is_available() else "cpu")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            return None  # training would stop with its own message
+        dtype, _ = pick_precision(training.precision, device)
+    except Exception:  # noqa: BLE001 (a warning only: never let it break --status)
+        return None
     return str(dtype or torch.float32).replace("torch.", "")
 
 
@@ -255,6 +273,7 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
         raise ConfigError(f"not a recipe of the study: {', '.join(unknown)} "
                           f"(recipes: {', '.join(r.name for r in study.recipes)})", "--only")
     todo = []
+    recorded: list[str] = []  # the precisions of the current records
     for recipe, seed in study.runs():
         if only and recipe not in only:
             continue
@@ -266,6 +285,7 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
         if record is not None:
             reason = stale_reason(study, recipe, seed, record)
             if reason is None:
+                recorded.append(record.get("precision"))
                 continue
             _say(f"{recipe} seed {seed}: {reason}; running it again")
         if (source := adoptable(study, recipe, seed)) is not None:
@@ -290,8 +310,7 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
         _say(f"{len(runnable)} run(s) to do with the {kind} executor"
              + (f", {jobs} at a time" if kind == "local" else ""))
         if runnable and kind == "local":
-            records = [read_record(study, r, s) for r, s in study.runs()]
-            rows = [{"state": "done", "precision": r.get("precision")} for r in records if isinstance(r, dict)]
+            rows = [{"state": "done", "precision": p} for p in recorded]
             rows.append({"state": "pending", "precision_here": precision_here(study, *runnable[0])})
             if mix := precision_mix(rows):
                 _say(mix)

@@ -11,10 +11,11 @@ Entries are only ever added; delete the file to reclaim its space.
 
 Trees travel between machines as one file (:func:`export_trees`, :func:`import_trees`): a
 parser retrained on another machine from the same recipe may differ in a few arcs, so a study
-that must be redone exactly carries the trees it was trained on. The file keeps no words: each
-tree is its sentence's SHA-256 with arcs, labels and character spans, and the words come back
-from the corpus when ``prepare`` looks the sentence up, so the file holds none of the corpus's
-text and can be committed beside a study. An imported cache is *pinned*:
+that must be redone exactly carries the trees it was trained on. The file keeps no sentences:
+each tree is its sentence's SHA-256 with arcs, labels and character spans, and the words come
+back from the corpus when ``prepare`` looks the sentence up (only a multi-word token's words,
+which are not slices of the sentence, are kept), so a spaCy parser's file holds none of the
+corpus's text and can be committed beside a study. An imported cache is *pinned*:
 it is used whatever parser the config names, and a sentence it does not hold is an error, never
 parsed afresh (a dataset with trees of two parsers would pass for either).
 """
@@ -43,23 +44,34 @@ def text_key(text: str) -> bytes:
 
 
 def _tree_from_json(data: dict, text: str | None = None) -> DepTree:
-    """A stored tree; one without its words (an imported trees file) takes them from ``text``,
-    the sentence it was looked up by (its key is that sentence's SHA-256, so they belong)."""
+    """A stored tree; one without its sentence (an imported trees file) takes ``text``, the
+    sentence it was looked up by (its key is that sentence's SHA-256, so they belong)."""
     spans = [(int(a), int(b)) for a, b in data["spans"]]
     if "text" in data:
         return DepTree(text=data["text"], words=data["words"], spans=spans, heads=data["heads"],
                        labels=data["labels"], parser=data.get("parser", ""))
     if text is None or any(not 0 <= a < b <= len(text) for a, b in spans):
-        raise ValueError("a tree without words needs the sentence its spans point into")
-    return DepTree(text=text, words=[text[a:b] for a, b in spans], spans=spans, heads=data["heads"],
-                   labels=data["labels"], parser=data.get("parser", ""))
+        raise ValueError("a tree without its sentence needs the sentence its spans point into")
+    words = data.get("words") or [text[a:b] for a, b in spans]  # kept where they are not slices (below)
+    return DepTree(text=text, words=words, spans=spans, heads=data["heads"], labels=data["labels"],
+                   parser=data.get("parser", ""))
+
+
+def _without_text(tree: dict) -> dict:
+    """A tree as a trees file keeps it: no sentence, and no words where each is its span's slice
+    of the sentence. A multi-word token's words (Stanza's, UDPipe's: "zum" as "zu" + "dem") share
+    one span and are not slices, so those trees keep their words."""
+    text = tree.get("text", "")
+    slices = [text[a:b] for a, b in tree["spans"]]
+    return {k: v for k, v in tree.items() if k != "text" and not (k == "words" and v == slices)}
 
 
 def _check_arcs(tree: dict) -> None:
     """Refuse a malformed tree of a trees file at import, not half-way through a prepare."""
     n = len(tree["heads"])
-    if not (len(tree["labels"]) == len(tree["spans"]) == n and all(0 <= h < n for h in tree["heads"])
-            and all(len(s) == 2 for s in tree["spans"])):
+    if not (n > 0 and len(tree["labels"]) == len(tree["spans"]) == n and all(0 <= h < n for h in tree["heads"])
+            and all(len(s) == 2 and 0 <= s[0] < s[1] for s in tree["spans"])
+            and len(tree.get("words", tree["spans"])) == n):
         raise ValueError("heads, labels and spans do not fit one sentence")
 
 
@@ -176,9 +188,9 @@ def _describe(identity: dict | None) -> str:
 def export_trees(cache_dir: str | Path, out: str | Path) -> tuple[str, int]:
     """Every tree of a dataset's parse caches (``<cache_dir>/<side>/parses.sqlite``) as one
     gzip-compressed JSON-lines file: per side a header naming the parser that made them, then
-    one line per sentence (SHA-256 of its text, tree without text or words), in key order with
-    no time stamp, so the same trees always give the same file. Returns (its SHA-256, number of
-    trees)."""
+    one line per sentence (SHA-256 of its text, tree without the text, see :func:`_without_text`),
+    in key order with no time stamp, so the same trees always give the same file. Returns (its
+    SHA-256, number of trees)."""
     cache_dir, count = Path(cache_dir), 0
     sides = sorted(p.name for p in cache_dir.iterdir() if (p / "parses.sqlite").is_file()) if cache_dir.is_dir() else []
     if not sides:
@@ -191,8 +203,7 @@ def export_trees(cache_dir: str | Path, out: str | Path) -> tuple[str, int]:
                 header = {"structnmt_trees": 1, "side": side, "parser": json.loads(row[0]) if row else None}
                 gz.write((json.dumps(header, sort_keys=True) + "\n").encode())
                 for key, tree in db.execute("SELECT key, tree FROM trees ORDER BY key"):
-                    arcs = {k: v for k, v in json.loads(tree).items() if k not in ("text", "words")}
-                    line = {"side": side, "key": key.hex(), "tree": arcs}
+                    line = {"side": side, "key": key.hex(), "tree": _without_text(json.loads(tree))}
                     gz.write((json.dumps(line, sort_keys=True, ensure_ascii=False) + "\n").encode())
                     count += 1
             finally:
