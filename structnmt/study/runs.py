@@ -197,8 +197,8 @@ def trees_change(study: Study, recipe: str, seed: int, record: dict[str, Any]) -
     data_dir = study.run_config(recipe, seed).data.dir
     if not (Path(data_dir) / "meta.json").is_file():
         return None
-    advice = ("a rerun here would train on other trees (bring the trees file, parser or dataset the record was "
-              "made with)") if study.trees is None else \
+    advice = ("a rerun here would train on other trees (bring the parser or the dataset the record was made "
+              "with, or its trees file)") if study.trees is None else \
         f"the study's trees file {study.trees.file} holds other trees: a rerun (delete the record) would read them"
     if record.get("trees"):
         if data_dir not in _TREES:
