@@ -171,6 +171,7 @@ def test_trees_travel_as_one_file_and_pin_the_cache(tmp_path: Path) -> None:
     # the file keeps no text of the corpus (it can be committed): the words come back from the sentences
     exported = gzip.decompress((tmp_path / "trees.jsonl.gz").read_bytes()).decode()
     assert '"words"' not in exported and '"text"' not in exported and "d e f g" not in exported
+    assert {len(json.loads(line)["key"]) for line in exported.splitlines()[1:]} == {16}  # 8-byte keys: a small file
 
     class OtherParser(CountingParser):  # a retrained parser: same name, other arcs
         def parse(self, texts, lines=None):

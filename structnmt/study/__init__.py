@@ -51,6 +51,7 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
     from structnmt.locks import holder
     from structnmt.study.runs import (
         STUDY_LOCK,
+        _read_json,
         adoptable,
         read_failure,
         read_record,
@@ -104,21 +105,13 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
             row["note"] = f"will adopt {source} (the same training digest and test view)"
         elif row["state"] == "pending" and step:
             note = "resumes from its last checkpoint"
-            before = _read_json_field(run_dir / "run.json", "precision")
+            before = (_read_json(run_dir / "run.json", None) or {}).get("precision")
             if before and here[0] and before != here[0]:
                 note += f"; it trained in {before}, this machine would go on in {here[0]}"
             row.update(state="interrupted", step=step, bleu=valid_bleu, note=note,
                        share_left=max(0.0, 1 - step / study.max_steps))
         rows.append(row)
     return rows
-
-
-def _read_json_field(path: Path, field: str) -> Any:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return data.get(field) if isinstance(data, dict) else None
 
 
 def format_status(rows: list[dict[str, Any]], jobs: int | None = None) -> str:

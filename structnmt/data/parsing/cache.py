@@ -12,7 +12,7 @@ Entries are only ever added; delete the file to reclaim its space.
 Trees travel between machines as one file (:func:`export_trees`, :func:`import_trees`): a
 parser retrained on another machine from the same recipe may differ in a few arcs, so a study
 that must be redone exactly carries the trees it was trained on. The file keeps no sentences:
-each tree is its sentence's SHA-256 with arcs, labels and character spans, and the words come
+each tree is (a prefix of) its sentence's SHA-256 with arcs, labels and character spans, and the words come
 back from the corpus when ``prepare`` looks the sentence up (only a multi-word token's words,
 which are not slices of the sentence, are kept), so a spaCy parser's file holds none of the
 corpus's text and can be committed beside a study. An imported cache is *pinned*:
@@ -37,6 +37,11 @@ from structnmt.io import atomic_open, sha256_file
 
 #: how long a shard waits for another one's write to finish before giving up (seconds)
 BUSY_TIMEOUT = 600.0
+
+
+#: a trees file keys each tree by the first 8 bytes of its sentence's SHA-256: the keys are most
+#: of the file, and 64 bits keep 32k sentences apart with odds of a clash below 1e-10
+TREES_FILE_KEY_BYTES = 8
 
 
 def text_key(text: str) -> bytes:
@@ -134,7 +139,8 @@ class CachedParser:
 
     def parse(self, texts: list[str], lines: list[int] | None = None) -> list[DepTree]:
         db = self._connect()
-        keys = [text_key(t) for t in texts]
+        width = TREES_FILE_KEY_BYTES if self.pinned is not None else None  # an imported file's keys are short
+        keys = [text_key(t)[:width] for t in texts]
         text_of = dict(zip(keys, texts))
         found: dict[bytes, DepTree] = {}
         unique = list(dict.fromkeys(keys))
@@ -203,7 +209,8 @@ def export_trees(cache_dir: str | Path, out: str | Path) -> tuple[str, int]:
                 header = {"structnmt_trees": 1, "side": side, "parser": json.loads(row[0]) if row else None}
                 gz.write((json.dumps(header, sort_keys=True) + "\n").encode())
                 for key, tree in db.execute("SELECT key, tree FROM trees ORDER BY key"):
-                    line = {"side": side, "key": key.hex(), "tree": _without_text(json.loads(tree))}
+                    line = {"side": side, "key": key[:TREES_FILE_KEY_BYTES].hex(),
+                            "tree": _without_text(json.loads(tree))}
                     gz.write((json.dumps(line, sort_keys=True, ensure_ascii=False) + "\n").encode())
                     count += 1
             finally:
@@ -245,7 +252,7 @@ def import_trees(file: str | Path, cache_dir: str | Path, sha256: str | None = N
                     by_side[item["side"]] = (item.get("parser") or {}, [])
                 elif item.get("side") in by_side:
                     _check_arcs(item["tree"])
-                    by_side[item["side"]][1].append((bytes.fromhex(item["key"]),
+                    by_side[item["side"]][1].append((bytes.fromhex(item["key"])[:TREES_FILE_KEY_BYTES],
                                                      json.dumps(item["tree"], ensure_ascii=False)))
                 else:
                     raise DataError("a tree before its side's header line", file, number)
