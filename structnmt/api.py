@@ -395,13 +395,23 @@ def study_report(study: str | Path, out: str | Path | None = None, baseline: str
 def export_trees(config: ConfigLike, out: str | Path, overrides: Overrides = None) -> tuple[str, int]:
     """Every tree of the dataset's parse cache as one file (``structnmt trees export``), so a study
     can be redone elsewhere on exactly its trees; returns (the file's SHA-256, number of trees)."""
+    from structnmt.data.dataset import read_meta
+    from structnmt.data.identity import parser_recipe_identity
     from structnmt.data.parsing.cache import export_trees as export
     from structnmt.data.prepare import cache_dir_of
 
     cfg = _config(config, overrides)
     if cfg.data is None:
         raise ConfigError("the config has no data section", "data")
-    return export(cache_dir_of(cfg.data), _path(out, "out"))  # type: ignore[arg-type]
+    # the header names the parser's recipe and label convention, so that importing the file
+    # needs no parser (the convention is the one the prepared dataset recorded)
+    made = (read_meta(cfg.data.dir).get("parsers") or {}) if (Path(cfg.data.dir) / "meta.json").is_file() else {}
+    about = {}
+    for side in ("src", "tgt"):
+        parser = getattr(cfg.data, side).parser
+        recipe = parser_recipe_identity(parser.model) if parser.backend == "spacy" else None
+        about[side] = {"recipe": recipe, "convention": (made.get(side) or {}).get("convention")}
+    return export(cache_dir_of(cfg.data), _path(out, "out"), about)  # type: ignore[arg-type]
 
 
 def import_trees(config: ConfigLike, file: str | Path, sha256: str | None = None,

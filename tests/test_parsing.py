@@ -224,6 +224,55 @@ def test_trees_travel_as_one_file_and_pin_the_cache(tmp_path: Path) -> None:
         import_trees(tmp_path / "bad.gz", tmp_path / "there")
 
 
+def test_a_pinned_trees_file_prepares_a_dataset_without_its_parser(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    """A fresh machine that imports a study's trees file prepares the dataset without training or
+    installing the parser that made them: the file's header names the parser, its recipe and its
+    label convention, and the dataset and the study's records take them from there."""
+    import yaml
+
+    from structnmt.config import load_config
+    from structnmt.data.parsing.cache import export_trees
+    from structnmt.study.runs import dataset_identity
+    from tests.test_bad_input import cli, corpus, experiment, one_error
+    from tests.test_prepare_safety import fake_spacy_model
+
+    src, _, _ = corpus()
+    made = CachedParser(CountingParser(), tmp_path / "made" / "src", model_digest="d" * 64).parse(src)
+    recipe = {"name": "en_ud", "version": "0.1", "seed": 0, "max_steps": 2500}
+    export_trees(tmp_path / "made", tmp_path / "trees.gz", {"src": {"recipe": recipe, "convention": "ud"}})
+    config = experiment(tmp_path, data={"src": {"lang": "en", "parser": {
+        "backend": "spacy", "model": str(tmp_path / "parsers" / "model-best")}}})  # not on this machine
+    assert cli(capsys, "trees", "import", str(config), str(tmp_path / "trees.gz"))[0] == 0
+    code, _, err = cli(capsys, "prepare", str(config))
+    assert code == 0, err
+    meta = json.loads((tmp_path / "dataset" / "meta.json").read_text())
+    assert meta["parsers"]["src"] == {"backend": "spacy", "name": "fake", "version": "1", "convention": "ud",
+                                      "model": str(tmp_path / "parsers" / "model-best"), "digest": "d" * 64}
+    assert meta["inputs"]["parsers"]["src"]["digest"] == "d" * 64  # the header's parser, not this machine's
+    from structnmt.data.dataset import ParallelDataset
+
+    stored = ParallelDataset(tmp_path / "dataset", "train")
+    assert [stored.side_arrays(i, "src")["heads"].max() for i in range(len(stored))] == [0] * len(made)
+    # the study records the recipe the file names, as a machine that has the parser would
+    assert dataset_identity(load_config(config), True)["parsers"]["src"] == recipe
+    # the parser arriving later (trained from its recipe: other weights) leaves the pinned dataset current
+    fake_spacy_model(tmp_path / "parsers")
+    code, _, err = cli(capsys, "prepare", str(config))
+    assert code == 0 and "rerun with --force" not in err, err
+    # a file of the earlier kind names no convention: the parser must then be here, and its absence is named
+    lines = gzip.decompress((tmp_path / "trees.gz").read_bytes()).decode().splitlines()
+    header = json.loads(lines[0])
+    del header["convention"], header["recipe"]
+    (tmp_path / "old.gz").write_bytes(gzip.compress(("\n".join([json.dumps(header)] + lines[1:]) + "\n").encode()))
+    raw = yaml.safe_load(config.read_text())
+    raw["data"].update(dir=str(tmp_path / "dataset2"), src={"lang": "en", "parser": {"backend": "spacy",
+                                                                                     "model": str(tmp_path / "none")}})
+    config.write_text(yaml.safe_dump(raw))
+    assert cli(capsys, "trees", "import", str(config), str(tmp_path / "old.gz"))[0] == 0
+    assert f"no spaCy model directory at '{tmp_path / 'none'}'" in one_error(*cli(capsys, "prepare", str(config))[::2])
+
+
 def test_a_trees_file_keeps_the_words_of_a_multi_word_token_only():
     # Stanza and UDPipe split "zum" into "zu" + "dem", two words over one span: not slices of the
     # sentence, so they travel with the tree; a word that is its span's slice comes from the sentence

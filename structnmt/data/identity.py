@@ -162,6 +162,31 @@ def parser_identity(cfg: ParserConfig) -> dict | None:
     return out
 
 
+def parser_recipe_identity(model: str | None) -> dict | None:
+    """A parser by what it was made from, not by its weights.
+
+    A structnmt-trained UD parser is named by its training files (SHA-256), size, steps and
+    seed, and spaCy's version; retrained on another machine from the same recipe it is the
+    same parser here, although its floating-point weights may differ in the last bits. A
+    packaged model is named by package and version.
+    """
+    if not model:
+        return None
+    meta_file = Path(model) / "meta.json"
+    if meta_file.is_file():
+        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        own = meta.get("structnmt") or {}
+        keep = {k: own.get(k) for k in ("train_files", "max_steps", "seed", "size") if k in own}
+        if own.get("dev_file"):  # by name: the same file reached through another path is the same
+            keep["dev_file"] = Path(own["dev_file"]).name
+        return {"name": f"{meta.get('lang', '')}_{meta.get('name', '')}", "version": meta.get("version"),
+                "spacy": meta.get("spacy_version"), **keep}
+    try:
+        return {"name": model, "version": importlib.metadata.version(model.replace("_", "-"))}
+    except Exception:  # noqa: BLE001 (any failure: fall back to the name alone)
+        return {"name": model}
+
+
 def _short(digest: str | None) -> str:
     return f"{digest[:12]}…" if digest else "none"
 
@@ -195,7 +220,9 @@ def check_unchanged(recorded: dict, data: DataConfig, trees: str | None = None) 
         if now != old["sha256"]:
             raise StaleDatasetError(f"{path} changed since the dataset was prepared "
                                     f"(sha256 {_short(old['sha256'])} -> {_short(now)}); {hint}")
-    for side, old in (recorded.get("parsers") or {}).items():
+    # with the parse cache pinned, the trees file (compared above) stands for the parser: the
+    # parser on this machine, or its absence, does not change the dataset
+    for side, old in (recorded.get("parsers") or {}).items() if trees is None else ():
         now = parser_identity(getattr(data, side).parser)
         if old and now and old.get("digest") != now.get("digest"):
             raise StaleDatasetError(

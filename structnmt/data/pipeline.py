@@ -22,7 +22,7 @@ from structnmt.config import DataConfig, SideConfig, from_dict
 from structnmt.data.example import DepTree, Example, Scenes, Side
 from structnmt.data.identity import parser_identity
 from structnmt.data.parsing import Parser, make_parser
-from structnmt.data.parsing.cache import CachedParser
+from structnmt.data.parsing.cache import CachedParser, PinnedTrees, pin_of
 from structnmt.data.tokenisation import MosesTokeniser, SubwordModel
 from structnmt.errors import ConfigError, DataError
 
@@ -122,7 +122,11 @@ class Preprocessor:
                 parser = make_parser(cfg, split, self.data.processes, where)
             else:
                 if side not in self._shared:
-                    self._shared[side] = make_parser(cfg, split, self.data.processes, where)  # type: ignore
+                    # a pinned cache whose file names its convention needs no parser (a fresh
+                    # machine need not train or install it): every tree comes from the file
+                    pin = self.pin(side)
+                    self._shared[side] = PinnedTrees(pin) if pin and pin.get("convention") else \
+                        make_parser(cfg, split, self.data.processes, where)  # type: ignore
                 parser = self._shared[side]
                 if self.cache_dir is not None:
                     parser = CachedParser(parser, self.cache_dir / side, (self.identity(side) or {}).get("digest"))
@@ -130,10 +134,18 @@ class Preprocessor:
             self._parsers[key] = parser
         return self._parsers[key]
 
+    def pin(self, side: str) -> dict | None:
+        """The trees file the side's parse cache is pinned to (:func:`~structnmt.data.parsing.cache.pin_of`)."""
+        return pin_of(self.cache_dir / side) if self.cache_dir is not None else None
+
     def identity(self, side: str) -> dict | None:
-        """The side's parser identity (model digest included), computed once from the files."""
+        """The side's parser identity (model digest included), computed once from the files; for a
+        pinned cache, the parser its trees file names, whatever parser this machine has."""
         if side not in self._identity:
-            self._identity[side] = parser_identity(self.side_cfg(side).parser)
+            cfg, pin = self.side_cfg(side).parser, self.pin(side)
+            self._identity[side] = parser_identity(cfg) if pin is None or cfg.backend in ("none", "conllu") else \
+                {"backend": cfg.backend, "model": cfg.model, **{k: (pin.get("parser") or {}).get(k)
+                                                                for k in ("name", "version", "digest")}}
         return self._identity[side]
 
     def parse(self, side: str, split: str, texts: list[str], lines: list[int]) -> list[DepTree] | None:

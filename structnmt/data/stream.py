@@ -36,7 +36,7 @@ from structnmt.config import CleanConfig, DataConfig, SplitFiles
 from structnmt.data.corpus import DROP_REASONS, AlignmentWatch, Pair, RatioWatch, iter_clean, iter_pairs
 from structnmt.data.dataset import NO_LABEL, DatasetWriter, NpyStream, read_npy_chunks
 from structnmt.data.example import Example, Side
-from structnmt.data.identity import config_digest, file_digest, fingerprint_inputs, input_files, parser_identity
+from structnmt.data.identity import config_digest, file_digest, fingerprint_inputs, input_files
 from structnmt.data.parsing.cache import pinned_to
 from structnmt.data.pipeline import PARSE_TAG, SIDES, TRANSLATE_TAG, Preprocessor, linearise, tag
 from structnmt.data.progress import Progress
@@ -159,7 +159,7 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
     plan = {
         "config": asdict(data),
         "config_digest": config_digest(asdict(data)),
-        "inputs": {"files": inputs, "parsers": {side: parser_identity(getattr(data, side).parser) for side in SIDES},
+        "inputs": {"files": inputs, "parsers": {side: pre.identity(side) for side in SIDES},
                    "subwords": {name: file_digest(work / name) for name in models},
                    # the imported trees file the parse cache is pinned to (absent when none is)
                    **({"trees": pin} if cache_dir is not None and (pin := pinned_to(cache_dir)) else {})},

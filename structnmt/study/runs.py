@@ -29,6 +29,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from structnmt.data.identity import parser_recipe_identity
 from structnmt.errors import StructNMTError
 from structnmt.io import atomic_write_text
 from structnmt.study.provenance import (
@@ -58,33 +59,6 @@ DONE, FAILED_STATUS, INTERRUPTED, BUSY = "done", "failed", "interrupted", "busy"
 # identity of what a run reads
 
 
-def parser_recipe_identity(model: str | None) -> dict[str, Any] | None:
-    """A parser by what it was made from, not by its weights.
-
-    A structnmt-trained UD parser is named by its training files (SHA-256), size, steps and
-    seed, and spaCy's version; retrained on another machine from the same recipe it is the
-    same parser here, although its floating-point weights may differ in the last bits. A
-    packaged model is named by package and version.
-    """
-    if not model:
-        return None
-    meta_file = Path(model) / "meta.json"
-    if meta_file.is_file():
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        own = meta.get("structnmt") or {}
-        keep = {k: own.get(k) for k in ("train_files", "max_steps", "seed", "size") if k in own}
-        if own.get("dev_file"):  # by name: the same file reached through another path is the same
-            keep["dev_file"] = Path(own["dev_file"]).name
-        return {"name": f"{meta.get('lang', '')}_{meta.get('name', '')}", "version": meta.get("version"),
-                "spacy": meta.get("spacy_version"), **keep}
-    try:
-        from importlib.metadata import version
-
-        return {"name": model, "version": version(model.replace("_", "-"))}
-    except Exception:  # noqa: BLE001 (any failure: fall back to the name alone)
-        return {"name": model}
-
-
 def dataset_identity(cfg: Any, model_reads_trees: bool) -> dict[str, Any]:
     """The sub-word model(s) of the run's dataset and, when its model reads trees, its parsers."""
     directory = Path(cfg.data.dir)
@@ -95,11 +69,21 @@ def dataset_identity(cfg: Any, model_reads_trees: bool) -> dict[str, Any]:
         subwords[side] = digest
     out: dict[str, Any] = {"subwords": subwords}
     if model_reads_trees:
-        out["parsers"] = {side: parser_recipe_identity(getattr(cfg.data, side).parser.model)
-                          if getattr(cfg.data, side).parser.backend == "spacy"
-                          else (meta.get("parsers") or {}).get(side)
-                          for side in ("src", "tgt")}
+        out["parsers"] = {side: _parser_recipe(cfg, side, meta) for side in ("src", "tgt")}
     return out
+
+
+def _parser_recipe(cfg: Any, side: str, meta: dict[str, Any]) -> dict[str, Any] | None:
+    """The recipe of the parser whose trees a side of the dataset holds: the one its pinned trees
+    file names (so a machine without that parser keeps the records current), else the model's."""
+    from structnmt.data.parsing.cache import pin_of
+    from structnmt.data.prepare import cache_dir_of
+
+    parser = getattr(cfg.data, side).parser
+    if parser.backend != "spacy":
+        return (meta.get("parsers") or {}).get(side)
+    pin = pin_of(cache_dir_of(cfg.data) / side)
+    return pin["recipe"] if pin and pin.get("recipe") else parser_recipe_identity(parser.model)
 
 
 def reads_trees(cfg: Any) -> bool:

@@ -17,7 +17,10 @@ back from the corpus when ``prepare`` looks the sentence up (only a multi-word t
 which are not slices of the sentence, are kept), so a spaCy parser's file holds none of the
 corpus's text and can be committed beside a study. An imported cache is *pinned*:
 it is used whatever parser the config names, and a sentence it does not hold is an error, never
-parsed afresh (a dataset with trees of two parsers would pass for either).
+parsed afresh (a dataset with trees of two parsers would pass for either). A file's header names
+the parser that made its trees, its recipe and its label convention, so a pinned cache needs no
+parser at all (:class:`PinnedTrees`): a fresh machine prepares a study's dataset without
+training or installing the parser.
 """
 
 from __future__ import annotations
@@ -78,6 +81,23 @@ def _check_arcs(tree: dict) -> None:
             and all(len(s) == 2 and 0 <= s[0] < s[1] for s in tree["spans"])
             and len(tree.get("words", tree["spans"])) == n):
         raise ValueError("heads, labels and spans do not fit one sentence")
+
+
+class PinnedTrees:
+    """Stands in for the parser of a pinned cache, named as the trees file's header names it.
+
+    Every sentence is looked up among the imported trees (a missing one is an error before any
+    parser is asked), so the parser that made them need not be on this machine.
+    """
+
+    def __init__(self, pin: dict) -> None:
+        made_by = pin.get("parser") or {}
+        self.name = str(made_by.get("name"))
+        self.version = str(made_by.get("version"))
+        self.convention: Convention = pin["convention"]
+
+    def parse(self, texts: list[str], lines: list[int] | None = None) -> list[DepTree]:
+        raise AssertionError("a pinned cache never parses")  # CachedParser refuses a missing sentence first
 
 
 class CachedParser:
@@ -191,11 +211,12 @@ def _describe(identity: dict | None) -> str:
 # trees that travel
 
 
-def export_trees(cache_dir: str | Path, out: str | Path) -> tuple[str, int]:
+def export_trees(cache_dir: str | Path, out: str | Path, about: dict[str, dict] | None = None) -> tuple[str, int]:
     """Every tree of a dataset's parse caches (``<cache_dir>/<side>/parses.sqlite``) as one
-    gzip-compressed JSON-lines file: per side a header naming the parser that made them, then
-    one line per sentence (SHA-256 of its text, tree without the text, see :func:`_without_text`),
-    in key order with no time stamp, so the same trees always give the same file. Returns (its
+    gzip-compressed JSON-lines file: per side a header naming the parser that made them (and
+    what ``about[side]`` adds: its ``recipe`` and label ``convention``), then one line per
+    sentence (SHA-256 of its text, tree without the text, see :func:`_without_text`), in key
+    order with no time stamp, so the same trees always give the same file. Returns (its
     SHA-256, number of trees)."""
     cache_dir, count = Path(cache_dir), 0
     sides = sorted(p.name for p in cache_dir.iterdir() if (p / "parses.sqlite").is_file()) if cache_dir.is_dir() else []
@@ -206,7 +227,8 @@ def export_trees(cache_dir: str | Path, out: str | Path) -> tuple[str, int]:
             db = sqlite3.connect(f"file:{cache_dir / side / 'parses.sqlite'}?mode=ro", uri=True)
             try:
                 row = db.execute("SELECT value FROM info WHERE key = 'parser'").fetchone()
-                header = {"structnmt_trees": 1, "side": side, "parser": json.loads(row[0]) if row else None}
+                header = {**(about or {}).get(side, {}), "structnmt_trees": 1, "side": side,
+                          "parser": json.loads(row[0]) if row else None}
                 gz.write((json.dumps(header, sort_keys=True) + "\n").encode())
                 for key, tree in db.execute("SELECT key, tree FROM trees ORDER BY key"):
                     line = {"side": side, "key": key[:TREES_FILE_KEY_BYTES].hex(),
@@ -218,19 +240,27 @@ def export_trees(cache_dir: str | Path, out: str | Path) -> tuple[str, int]:
     return sha256_file(out), count
 
 
+def pin_of(side_dir: str | Path) -> dict | None:
+    """What one side's cache is pinned to (``file``, ``sha256``, and from the file's header
+    ``parser`` and, when it names them, ``recipe`` and ``convention``), or None."""
+    path = Path(side_dir) / "parses.sqlite"
+    if not path.is_file():
+        return None
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        row = db.execute("SELECT value FROM info WHERE key = 'pinned'").fetchone()
+    except sqlite3.DatabaseError:
+        row = None
+    finally:
+        db.close()
+    return json.loads(row[0]) if row else None
+
+
 def pinned_to(cache_dir: str | Path) -> str | None:
     """The SHA-256 of the trees file every side's cache here is pinned to, or None."""
-    found = set()
     root = Path(cache_dir)
-    for side in [p for p in root.iterdir() if (p / "parses.sqlite").is_file()] if root.is_dir() else []:
-        db = sqlite3.connect(f"file:{side / 'parses.sqlite'}?mode=ro", uri=True)
-        try:
-            row = db.execute("SELECT value FROM info WHERE key = 'pinned'").fetchone()
-        except sqlite3.DatabaseError:
-            row = None
-        finally:
-            db.close()
-        found.add(json.loads(row[0])["sha256"] if row else None)
+    found = {(pin_of(side) or {}).get("sha256") for side in root.iterdir() if (side / "parses.sqlite").is_file()} \
+        if root.is_dir() else set()
     return found.pop() if len(found) == 1 else None
 
 
@@ -243,13 +273,16 @@ def import_trees(file: str | Path, cache_dir: str | Path, sha256: str | None = N
     digest = sha256_file(file)
     if sha256 is not None and digest != sha256.lower():
         raise DataError(f"SHA-256 {digest} is not the expected {sha256}: another or a damaged file", file)
-    by_side: dict[str, tuple[dict, list[tuple[bytes, str]]]] = {}
+    by_side: dict[str, tuple[dict, list[tuple[bytes, str]]]] = {}  # side -> (header, trees)
     try:
         with gzip.open(file, "rt", encoding="utf-8") as lines:
             for number, text in enumerate(lines, start=1):
                 item = json.loads(text)
                 if "structnmt_trees" in item:
-                    by_side[item["side"]] = (item.get("parser") or {}, [])
+                    if item.get("convention") not in (None, "ud", "clearnlp", "other"):
+                        raise DataError(f"unknown label convention {item['convention']!r} (ud, clearnlp or other)",
+                                        file, number)
+                    by_side[item["side"]] = (item, [])
                 elif item.get("side") in by_side:
                     _check_arcs(item["tree"])
                     by_side[item["side"]][1].append((bytes.fromhex(item["key"])[:TREES_FILE_KEY_BYTES],
@@ -261,7 +294,9 @@ def import_trees(file: str | Path, cache_dir: str | Path, sha256: str | None = N
     if not by_side:
         raise DataError("the file holds no trees", file)
     pin = {"file": file.name, "sha256": digest}
-    for side, (parser, rows) in by_side.items():
+    for side, (header, rows) in by_side.items():
+        parser = header.get("parser") or {}
+        about = {k: header[k] for k in ("recipe", "convention") if header.get(k)}
         path = Path(cache_dir) / side / "parses.sqlite"
         path.parent.mkdir(parents=True, exist_ok=True)
         db = sqlite3.connect(path, timeout=BUSY_TIMEOUT, isolation_level=None)
@@ -272,7 +307,8 @@ def import_trees(file: str | Path, cache_dir: str | Path, sha256: str | None = N
             db.execute("DELETE FROM trees")
             db.executemany("INSERT INTO trees VALUES (?, ?)", rows)
             db.execute("INSERT OR REPLACE INTO info VALUES ('parser', ?)", (json.dumps(parser),))
-            db.execute("INSERT OR REPLACE INTO info VALUES ('pinned', ?)", (json.dumps({**pin, "parser": parser}),))
+            db.execute("INSERT OR REPLACE INTO info VALUES ('pinned', ?)",
+                       (json.dumps({**pin, "parser": parser, **about}),))
             db.execute("COMMIT")
         finally:
             db.close()

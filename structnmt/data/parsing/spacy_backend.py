@@ -61,6 +61,9 @@ def _load(model: str, where: str):
                 return spacy.load(alias, disable=["ner", "lemmatizer"])
             except OSError:
                 pass
+        if "/" in model or model.startswith("."):  # a directory, not a package: pip cannot help
+            raise ParserError(f"{where}.model: no spaCy model directory at {model!r} (train it, e.g. `structnmt "
+                              "parser train --preset en_ud`, or import the trees of a study that names it)") from None
         package = KNOWN_PACKAGES.get(model, model.replace("_", "-"))
         raise ParserError(
             f"{where}.model: spaCy model {model!r} is not installed; install it with "
