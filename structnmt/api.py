@@ -396,8 +396,9 @@ def export_trees(config: ConfigLike, out: str | Path, overrides: Overrides = Non
     """Every tree of the dataset's parse cache as one file (``structnmt trees export``), so a study
     can be redone elsewhere on exactly its trees; returns (the file's SHA-256, number of trees)."""
     from structnmt.data.dataset import read_meta
-    from structnmt.data.identity import parser_recipe_identity
+    from structnmt.data.identity import parser_identity, parser_recipe_identity
     from structnmt.data.parsing.cache import export_trees as export
+    from structnmt.data.parsing.cache import pin_of
     from structnmt.data.prepare import cache_dir_of
 
     cfg = _config(config, overrides)
@@ -405,12 +406,15 @@ def export_trees(config: ConfigLike, out: str | Path, overrides: Overrides = Non
         raise ConfigError("the config has no data section", "data")
     # the header names the parser's recipe and label convention, so that importing the file
     # needs no parser (the convention is the one the prepared dataset recorded)
+    # (a cache pinned to a file passes on that file's header: the parser here did not make its trees)
     made = (read_meta(cfg.data.dir).get("parsers") or {}) if (Path(cfg.data.dir) / "meta.json").is_file() else {}
     about = {}
     for side in ("src", "tgt"):
-        parser = getattr(cfg.data, side).parser
-        recipe = parser_recipe_identity(parser.model) if parser.backend == "spacy" else None
-        about[side] = {"recipe": recipe, "convention": (made.get(side) or {}).get("convention")}
+        parser, pin = getattr(cfg.data, side).parser, pin_of(cache_dir_of(cfg.data) / side)
+        known = parser.backend == "spacy" and parser_identity(parser)["digest"] is not None  # the model is here
+        recipe = parser_recipe_identity(parser.model) if known else None
+        about[side] = {"recipe": pin.get("recipe"), "convention": pin.get("convention")} if pin else \
+            {"recipe": recipe, "convention": (made.get(side) or {}).get("convention")}
     return export(cache_dir_of(cfg.data), _path(out, "out"), about)  # type: ignore[arg-type]
 
 

@@ -250,16 +250,32 @@ def test_a_pinned_trees_file_prepares_a_dataset_without_its_parser(tmp_path: Pat
     assert meta["parsers"]["src"] == {"backend": "spacy", "name": "fake", "version": "1", "convention": "ud",
                                       "model": str(tmp_path / "parsers" / "model-best"), "digest": "d" * 64}
     assert meta["inputs"]["parsers"]["src"]["digest"] == "d" * 64  # the header's parser, not this machine's
+    assert meta["inputs"]["parsers"]["src"]["recipe"] == recipe
     from structnmt.data.dataset import ParallelDataset
 
     stored = ParallelDataset(tmp_path / "dataset", "train")
     assert [stored.side_arrays(i, "src")["heads"].max() for i in range(len(stored))] == [0] * len(made)
     # the study records the recipe the file names, as a machine that has the parser would
     assert dataset_identity(load_config(config), True)["parsers"]["src"] == recipe
-    # the parser arriving later (trained from its recipe: other weights) leaves the pinned dataset current
+    # the records read it from meta.json: the parse cache may be gone (or elsewhere) on the next machine
+    import shutil
+
+    shutil.copytree(tmp_path / "dataset" / ".parse_cache", tmp_path / "cache_kept")
+    shutil.rmtree(tmp_path / "dataset" / ".parse_cache")
+    assert dataset_identity(load_config(config), True)["parsers"]["src"] == recipe
+    shutil.copytree(tmp_path / "cache_kept", tmp_path / "dataset" / ".parse_cache")
+    # exported again from the pinned cache, the file passes on the header it came with
+    assert cli(capsys, "trees", "export", str(config), str(tmp_path / "again.gz"))[0] == 0
+    again = json.loads(gzip.decompress((tmp_path / "again.gz").read_bytes()).decode().splitlines()[0])
+    assert (again["recipe"], again["convention"]) == (recipe, "ud")
+    # the parser arriving later (trained from its recipe: other weights) leaves the pinned dataset current,
+    # and rebuilt with it there the dataset is the same (its fake weights would not even load)
     fake_spacy_model(tmp_path / "parsers")
     code, _, err = cli(capsys, "prepare", str(config))
     assert code == 0 and "rerun with --force" not in err, err
+    assert cli(capsys, "prepare", str(config), "--force")[0] == 0
+    rebuilt = json.loads((tmp_path / "dataset" / "meta.json").read_text())
+    assert (rebuilt["parsers"], rebuilt["inputs"]) == (meta["parsers"], meta["inputs"])
     # a file of the earlier kind names no convention: the parser must then be here, and its absence is named
     lines = gzip.decompress((tmp_path / "trees.gz").read_bytes()).decode().splitlines()
     header = json.loads(lines[0])

@@ -125,7 +125,7 @@ class Preprocessor:
                     # a pinned cache whose file names its convention needs no parser (a fresh
                     # machine need not train or install it): every tree comes from the file
                     pin = self.pin(side)
-                    self._shared[side] = PinnedTrees(pin) if pin and pin.get("convention") else \
+                    self._shared[side] = PinnedTrees(pin, cfg.convention) if pin else \
                         make_parser(cfg, split, self.data.processes, where)  # type: ignore
                 parser = self._shared[side]
                 if self.cache_dir is not None:
@@ -135,8 +135,11 @@ class Preprocessor:
         return self._parsers[key]
 
     def pin(self, side: str) -> dict | None:
-        """The trees file the side's parse cache is pinned to (:func:`~structnmt.data.parsing.cache.pin_of`)."""
-        return pin_of(self.cache_dir / side) if self.cache_dir is not None else None
+        """The trees file the side's parse cache is pinned to (:func:`~structnmt.data.parsing.cache.pin_of`),
+        when its header names the label convention: then the file stands for the parser. (Files
+        written before headers named it need the parser on the machine, and name it themselves.)"""
+        pin = pin_of(self.cache_dir / side) if self.cache_dir is not None else None
+        return pin if pin and pin.get("convention") else None
 
     def identity(self, side: str) -> dict | None:
         """The side's parser identity (model digest included), computed once from the files; for a
@@ -144,8 +147,9 @@ class Preprocessor:
         if side not in self._identity:
             cfg, pin = self.side_cfg(side).parser, self.pin(side)
             self._identity[side] = parser_identity(cfg) if pin is None or cfg.backend in ("none", "conllu") else \
-                {"backend": cfg.backend, "model": cfg.model, **{k: (pin.get("parser") or {}).get(k)
-                                                                for k in ("name", "version", "digest")}}
+                {"backend": cfg.backend, "model": cfg.model,
+                 **{k: (pin.get("parser") or {}).get(k) for k in ("name", "version", "digest")},
+                 **({"recipe": pin["recipe"]} if pin.get("recipe") else {})}  # records read it from meta.json
         return self._identity[side]
 
     def parse(self, side: str, split: str, texts: list[str], lines: list[int]) -> list[DepTree] | None:

@@ -75,14 +75,18 @@ def dataset_identity(cfg: Any, model_reads_trees: bool) -> dict[str, Any]:
 
 def _parser_recipe(cfg: Any, side: str, meta: dict[str, Any]) -> dict[str, Any] | None:
     """The recipe of the parser whose trees a side of the dataset holds: the one its pinned trees
-    file names (so a machine without that parser keeps the records current), else the model's."""
+    file names, as the dataset recorded it (so a machine without that parser keeps the records
+    current), else the model's."""
     from structnmt.data.parsing.cache import pin_of
     from structnmt.data.prepare import cache_dir_of
 
     parser = getattr(cfg.data, side).parser
     if parser.backend != "spacy":
         return (meta.get("parsers") or {}).get(side)
-    pin = pin_of(cache_dir_of(cfg.data) / side)
+    inputs = meta.get("inputs") or {}
+    if inputs.get("trees") and ((inputs.get("parsers") or {}).get(side) or {}).get("recipe"):
+        return inputs["parsers"][side]["recipe"]
+    pin = pin_of(cache_dir_of(cfg.data) / side)  # a dataset prepared before meta.json kept it
     return pin["recipe"] if pin and pin.get("recipe") else parser_recipe_identity(parser.model)
 
 

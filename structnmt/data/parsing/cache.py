@@ -90,11 +90,11 @@ class PinnedTrees:
     parser is asked), so the parser that made them need not be on this machine.
     """
 
-    def __init__(self, pin: dict) -> None:
+    def __init__(self, pin: dict, convention: Convention | None = None) -> None:
         made_by = pin.get("parser") or {}
         self.name = str(made_by.get("name"))
         self.version = str(made_by.get("version"))
-        self.convention: Convention = pin["convention"]
+        self.convention: Convention = convention or pin["convention"]  # the config's, as a parser honours it
 
     def parse(self, texts: list[str], lines: list[int] | None = None) -> list[DepTree]:
         raise AssertionError("a pinned cache never parses")  # CachedParser refuses a missing sentence first
@@ -246,11 +246,15 @@ def pin_of(side_dir: str | Path) -> dict | None:
     path = Path(side_dir) / "parses.sqlite"
     if not path.is_file():
         return None
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    db = sqlite3.connect(f"file:{path}?mode=ro", timeout=BUSY_TIMEOUT, uri=True)
     try:
         row = db.execute("SELECT value FROM info WHERE key = 'pinned'").fetchone()
-    except sqlite3.DatabaseError:
+    except sqlite3.OperationalError as err:
+        if "no such table" not in str(err):  # locked past the timeout: never read as "not pinned"
+            raise DataError(f"cannot read the parse cache ({err}); is another process holding it?", path) from None
         row = None
+    except sqlite3.DatabaseError:
+        row = None  # damaged: not pinned; CachedParser starts it anew
     finally:
         db.close()
     return json.loads(row[0]) if row else None

@@ -63,7 +63,7 @@ def _load(model: str, where: str):
                 pass
         if "/" in model or model.startswith("."):  # a directory, not a package: pip cannot help
             raise ParserError(f"{where}.model: no spaCy model directory at {model!r} (train it, e.g. `structnmt "
-                              "parser train --preset en_ud`, or import the trees of a study that names it)") from None
+                              "parser train --preset en_ud`)") from None
         package = KNOWN_PACKAGES.get(model, model.replace("_", "-"))
         raise ParserError(
             f"{where}.model: spaCy model {model!r} is not installed; install it with "
