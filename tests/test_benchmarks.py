@@ -47,6 +47,11 @@ def test_bench_fused_structure_smoke(work):
     assert "udiscal" in out and (work / "results" / "fused_structure.md").is_file()
 
 
+def test_bench_report_smoke(work):
+    out = run("bench_report.py", "--smoke", "--rounds", "1", tmp=work)
+    assert "outputs identical" in out and (work / "results" / "report.md").is_file()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None, reason="CTranslate2 (an optional extra) is absent")
 def test_bench_decode_smoke(work):
     out = run("bench_decode.py", "--smoke", work / "task", tmp=work)

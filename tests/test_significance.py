@@ -204,6 +204,45 @@ def test_the_pooled_bootstrap_tests_the_mean_over_seeds(big_refs):
     assert pooled_bootstrap(system, baseline, [big_refs], n_samples=200).p_value < 0.05
 
 
+@pytest.mark.parametrize("metric", ["bleu", "chrf"])
+def test_statistics_computed_once_give_the_numbers_computed_afresh(big_refs, metric, monkeypatch):
+    """A report compares every recipe with the same baseline runs: their statistics are cached per
+    process. Cached or afresh, every number is the same; the cache is keyed by the references
+    too (the same hypotheses against other references are other statistics)."""
+    from structnmt.evaluation import significance
+
+    baseline = [noisy(big_refs, 3, s) for s in (1, 2, 3)]
+    recipes = [[noisy(big_refs, 2, s) for s in (4, 5)], [noisy(big_refs, 4, s) for s in (6, 7)]]
+    other_refs = noisy(big_refs, 1, 8)
+
+    def everything():
+        out = []
+        for refs in (big_refs, other_refs, big_refs):
+            for system in recipes:
+                seeds = compare_seeds(system, baseline, [refs], metric=metric, n_samples=100)
+                out.append((seeds.verdict, [(r.p_value, r.system_score, r.baseline_score) for _, _, r in seeds.pairs]))
+                pooled = pooled_bootstrap(system, baseline, [refs], metric=metric, n_samples=100)
+                out.append((pooled.p_value, pooled.system_mean, pooled.baseline_mean))
+        return out
+
+    with significance.uncached():
+        afresh = everything()
+    significance._MEMO.clear()
+    extracted = []
+    real = significance.make_metric
+
+    def counting(name, tokenize=None):
+        scorer = real(name, tokenize)
+        extract = scorer._extract_corpus_statistics
+        scorer._extract_corpus_statistics = lambda h, r: extracted.append(1) or extract(h, r)
+        return scorer
+
+    monkeypatch.setattr(significance, "make_metric", counting)
+    assert everything() == afresh
+    assert afresh[0] != afresh[4] and afresh[0] == afresh[8]  # other references, other numbers
+    assert len(extracted) == 2 * (3 + 4)  # each run once per set of references
+
+
 def test_the_pooled_bootstrap_refuses_runs_of_different_lengths(big_refs):
     with pytest.raises(DataError, match="system 1 has 149"):
         pooled_bootstrap([big_refs, big_refs[:-1]], [big_refs], [big_refs])

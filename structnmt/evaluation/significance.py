@@ -30,12 +30,14 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import hashlib
 import math
 import os
 import statistics
-from collections.abc import Iterator, Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from sacrebleu.significance import PairedTest
 
@@ -73,6 +75,73 @@ class PairedResult:
 
     def as_dict(self) -> dict:
         return {**asdict(self), "delta": self.delta}
+
+
+# ---------------------------------------------------------------------------
+# statistics computed once per process
+#
+# A study report tests every recipe against the baseline's runs on every test set, so the same
+# references were n-grammed, the same runs' sentence statistics extracted and the same resamples
+# scored once per comparison: most of a report's time. Cached here (keyed by the texts' digests
+# and the metric's settings), the numbers are the same ones, computed once.
+
+_MEMO: OrderedDict[tuple, Any] = OrderedDict()
+_MEMO_SIZE = 512  # entries; one is a test set's references or one run's statistics (a few MB at most)
+_memo_on = True
+
+
+def _memo(key: tuple, compute: Callable[[], Any]) -> Any:
+    if not _memo_on:
+        return compute()
+    if key in _MEMO:
+        _MEMO.move_to_end(key)
+        return _MEMO[key]
+    value = _MEMO[key] = compute()
+    if len(_MEMO) > _MEMO_SIZE:
+        _MEMO.popitem(last=False)
+    return value
+
+
+@contextlib.contextmanager
+def uncached() -> Iterator[None]:
+    """Compute everything afresh inside (a benchmark's baseline; a test that the cache changes nothing)."""
+    global _memo_on
+    _memo_on, before = False, _memo_on
+    try:
+        yield
+    finally:
+        _memo_on = before
+
+
+def _digest(lines: Sequence[str | None]) -> bytes:
+    h = hashlib.blake2b(digest_size=16)
+    for line in lines:
+        h.update(b"\1" if line is None else line.encode("utf-8", "surrogatepass") + b"\0")
+    return h.digest()
+
+
+def _metric(metric: str, tokenize: str | None):
+    """sacreBLEU's metric object, its reference n-grams and sentence statistics memoised (what
+    its paired tests and :func:`pooled_bootstrap` compute from)."""
+    scorer = make_metric(metric, tokenize)
+    extract, cache_references = scorer._extract_corpus_statistics, scorer._cache_references
+
+    def references_of(references):
+        key = ("refs", metric, tokenize, tuple(_digest(r) for r in references))
+        ref_cache, num_refs = _memo(key, lambda: (cache_references(references), scorer.num_refs))
+        scorer.num_refs = num_refs  # what sacreBLEU's own call leaves behind, for its signature
+        return ref_cache
+
+    def statistics_of(hypotheses, references):
+        if not references:  # sacreBLEU's own reference cache: not ours to key
+            return extract(hypotheses, references)
+        key = ("stats", metric, tokenize, _digest(hypotheses), tuple(_digest(r) for r in references))
+        references_of(references)
+        return _memo(key, lambda: extract(hypotheses, references))
+
+    scorer._cache_references = references_of
+    scorer._extract_corpus_statistics = statistics_of
+    return scorer
 
 
 @contextlib.contextmanager
@@ -130,7 +199,7 @@ def paired_tests(
     named = [("baseline", list(baseline))] + [(f"system {k}", list(h)) for k, h in enumerate(systems, 1)]
     refs = [list(r) for r in refs]
     with _sacrebleu_seed(seed):
-        paired = PairedTest(named, {metric: make_metric(metric, tokenize)}, references=refs,
+        paired = PairedTest(named, {metric: _metric(metric, tokenize)}, references=refs,
                             test_type=test, n_samples=n_samples)
         _signatures, table = paired()
     [name] = [k for k in table if k != "System"]
@@ -307,18 +376,25 @@ def pooled_bootstrap(system_runs: Sequence[Sequence[str]], baseline_runs: Sequen
     _check(system_runs[0], baseline_runs, refs)
     if seed <= 0:
         raise ValueError(f"the significance seed must be a positive integer, got {seed}")
-    scorer = make_metric(metric, tokenize)
+    scorer = _metric(metric, tokenize)
     refs = [list(r) for r in refs]
     n = len(system_runs[0])
     idxs = np.random.default_rng(seed).choice(n, size=(n_samples, n), replace=True)
 
+    def one_run(hyps: list[str]) -> tuple[float, list[float]]:
+        stats = scorer._extract_corpus_statistics(hyps, refs)
+        array = np.array(stats, dtype="float32")
+        return (scorer._aggregate_and_compute(stats).score,
+                [scorer._compute_score_from_stats(s.sum(0)).score for s in array[idxs]])
+
     def scores(runs: Sequence[Sequence[str]]) -> tuple[float, np.ndarray]:
         observed, samples = [], []
         for hyps in runs:
-            stats = scorer._extract_corpus_statistics(list(hyps), refs)
-            observed.append(scorer._aggregate_and_compute(stats).score)
-            array = np.array(stats, dtype="float32")
-            samples.append([scorer._compute_score_from_stats(s.sum(0)).score for s in array[idxs]])
+            hyps = list(hyps)
+            key = ("resampled", metric, tokenize, _digest(hyps), tuple(_digest(r) for r in refs), seed, n_samples)
+            score, resampled = _memo(key, lambda hyps=hyps: one_run(hyps))
+            observed.append(score)
+            samples.append(resampled)
         return float(np.mean(observed)), np.mean(np.array(samples), axis=0)
 
     sys_mean, sys_samples = scores(system_runs)
