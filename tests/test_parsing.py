@@ -186,6 +186,9 @@ def test_trees_travel_as_one_file_and_pin_the_cache(tmp_path: Path) -> None:
         import_trees(tmp_path / "trees.jsonl.gz", tmp_path / "there", "0" * 64)
     assert import_trees(tmp_path / "trees.jsonl.gz", tmp_path / "there", digest) == {"src": 3}
     assert pinned_to(tmp_path / "there") == digest and pinned_to(tmp_path / "here") is None
+    # the other side parsed here (the file has the source side only) leaves the dataset pinned to it
+    CachedParser(there, tmp_path / "there" / "tgt").parse(["x y"])
+    assert pinned_to(tmp_path / "there") == digest
     pinned = CachedParser(there, tmp_path / "there" / "src", model_digest="another model")
     calls = there.calls
     assert [(t.words, t.spans, t.heads, t.labels) for t in pinned.parse(texts)] == [

@@ -261,11 +261,13 @@ def pin_of(side_dir: str | Path) -> dict | None:
 
 
 def pinned_to(cache_dir: str | Path) -> str | None:
-    """The SHA-256 of the trees file every side's cache here is pinned to, or None."""
+    """The SHA-256 of the trees file the caches here are pinned to (of each file, joined by "+",
+    should two sides come from two files), or None. A side parsed here beside a pinned one does
+    not count: the answer must not change when its cache appears half-way through a prepare."""
     root = Path(cache_dir)
-    found = {(pin_of(side) or {}).get("sha256") for side in root.iterdir() if (side / "parses.sqlite").is_file()} \
-        if root.is_dir() else set()
-    return found.pop() if len(found) == 1 else None
+    sides = [side for side in root.iterdir() if (side / "parses.sqlite").is_file()] if root.is_dir() else []
+    found = sorted({pin["sha256"] for side in sides if (pin := pin_of(side))})
+    return "+".join(found) or None
 
 
 def import_trees(file: str | Path, cache_dir: str | Path, sha256: str | None = None) -> dict[str, int]:
