@@ -340,6 +340,32 @@ def _step(run_dir: Path) -> int:
 
 
 @pytest.mark.slow
+def test_ctrl_c_stops_a_niced_study_and_its_run(recipes, tmp_path):
+    # a niced run has a session of its own (test_a_niced_run_is_niced_against_other_sessions_too),
+    # so the terminal's Ctrl-C reaches the study only: the study must pass it on, or wait for ever
+    study_file = _study_file(tmp_path, {"vanilla": recipes["vanilla"]}, name="ctrl_c", seeds=(1,), max_steps=400,
+                             executor={"kind": "local", "jobs": 1, "threads": 1, "nice": 5})
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-m", "structnmt.cli.main", "study", str(study_file)], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    run_dir = load_study(study_file).run_dir("vanilla", 1)
+    deadline = time.time() + 300
+    while _step(run_dir) < 20 and time.time() < deadline and process.poll() is None:
+        time.sleep(0.05)
+    assert process.poll() is None, process.stderr.read().decode()[-2000:]
+    os.killpg(process.pid, signal.SIGINT)  # what a terminal sends its foreground process group
+    try:
+        assert process.wait(timeout=120) == 130
+    finally:
+        process.kill()
+    from structnmt.locks import holder
+
+    assert holder(run_dir) is None  # the run has stopped too: no orphan training on
+    (row,) = study_status(study_file)
+    assert row["state"] == "interrupted" and 0 < row["step"] < 400
+
+
+@pytest.mark.slow
 def test_a_killed_study_resumes_its_run_to_the_same_result(recipes, tmp_path):
     only_vanilla = {"vanilla": recipes["vanilla"]}
     killed = _study_file(tmp_path, only_vanilla, name="killed", seeds=(1,), max_steps=150)
@@ -712,3 +738,22 @@ def test_status_warns_when_this_machine_would_train_in_another_precision(recipes
     row = next(r for r in study_status(study) if (r["recipe"], r["seed"]) == ("vanilla", 1))
     assert row["state"] == "interrupted" and row["precision_here"] == "float32"
     assert row["note"].endswith("it trained in bfloat16, this machine would go on in float32")
+
+
+def test_a_niced_run_is_niced_against_other_sessions_too():
+    # autogroup scheduling shares the CPU between sessions before nice counts: a run niced 10 in
+    # the study's session still took half the cores from a test suite started in another shell
+    import subprocess
+    import sys
+
+    from structnmt.study.executors import _autogroups, _child_setup
+
+    if not _autogroups():
+        pytest.skip("this kernel does not schedule by session (no autogroup)")
+    probe = "import os; print(os.getsid(0), os.nice(0), open('/proc/self/autogroup').read().split()[-1])"
+    out = subprocess.run([sys.executable, "-c", probe], preexec_fn=_child_setup(7),  # noqa: PLW1509
+                         capture_output=True, text=True, check=True).stdout.split()
+    assert int(out[0]) != os.getsid(0) and out[1:] == ["7", "7"]  # its own session, niced as a whole
+    plain = subprocess.run([sys.executable, "-c", probe], preexec_fn=_child_setup(0),  # noqa: PLW1509
+                           capture_output=True, text=True, check=True).stdout.split()
+    assert int(plain[0]) == os.getsid(0)  # nice 0: left in the study's session
