@@ -23,6 +23,21 @@ def shared_path(*parts: str) -> Path:
     return path
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _own_cache_dir(tmp_path_factory):
+    """What structnmt caches between runs (significance.cache_dir) goes to a temporary folder:
+    tests compute everything, and never write to the user's home."""
+    import os
+
+    before = os.environ.get("STRUCTNMT_CACHE_DIR")
+    os.environ["STRUCTNMT_CACHE_DIR"] = str(tmp_path_factory.mktemp("structnmt_cache"))
+    yield
+    if before is None:
+        del os.environ["STRUCTNMT_CACHE_DIR"]
+    else:
+        os.environ["STRUCTNMT_CACHE_DIR"] = before
+
+
 @pytest.fixture(autouse=True)
 def _seed_and_threads():
     torch.manual_seed(0)

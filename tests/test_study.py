@@ -606,6 +606,34 @@ def test_aso_compares_trainings_both_ways():
     assert aso_seeds([34.0, 34.5, 34.2], [32.0, 32.4]) == (better, worse)  # seeded: repeatable
 
 
+def test_aso_is_kept_on_disk_by_its_exact_inputs(monkeypatch, tmp_path):
+    # a report made again after one new record computes only that record's rows anew
+    import json
+
+    from structnmt.evaluation import significance
+
+    monkeypatch.setenv("STRUCTNMT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(significance, "_ASO_DISK", None)
+    significance._aso.cache_clear()
+    both = significance.aso_seeds([34.0, 34.5], [33.9, 34.4, 34.1])
+    kept = json.loads((tmp_path / "aso.json").read_text())
+    assert sorted(kept.values()) == sorted(both) and len(kept) == 2
+    # read back in another process (here: after the in-memory caches are gone), not computed
+    (tmp_path / "aso.json").write_text(json.dumps({k: 0.123 for k in kept}))
+    monkeypatch.setattr(significance, "_ASO_DISK", None)
+    significance._aso.cache_clear()
+    assert significance.aso_seeds([34.0, 34.5], [33.9, 34.4, 34.1]) == (0.123, 0.123)
+    # other inputs (another seed of the test) are computed, and join the file
+    assert significance.aso_seeds([34.0, 34.5], [33.9, 34.4, 34.1], seed=7) != (0.123, 0.123)
+    assert len(json.loads((tmp_path / "aso.json").read_text())) == 4
+    # a damaged file is only a lost speed-up
+    (tmp_path / "aso.json").write_text("{not json")
+    monkeypatch.setattr(significance, "_ASO_DISK", None)
+    significance._aso.cache_clear()
+    assert significance.aso_seeds([34.0, 34.5], [33.9, 34.4, 34.1]) == both
+    significance._aso.cache_clear()
+
+
 @pytest.mark.slow
 def test_a_fresh_clone_without_data_regenerates_the_report_byte_for_byte(tmp_path):
     # before: without the prepared dataset every verdict became "not tested" and --report wrote that

@@ -37,6 +37,7 @@ import statistics
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Literal
 
 from sacrebleu.significance import PairedTest
@@ -417,17 +418,54 @@ ASO_RULE = ("\"ASO ε\": the Almost Stochastic Order test (Dror et al. 2019, wit
             "order is shown. It needs two seeds a side, and with two or three the bound is loose.")
 
 
+def cache_dir() -> Path:
+    """Where structnmt keeps what it computed and may need again (``STRUCTNMT_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/structnmt``, else ``~/.cache/structnmt``)."""
+    if os.environ.get("STRUCTNMT_CACHE_DIR"):
+        return Path(os.environ["STRUCTNMT_CACHE_DIR"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "structnmt"
+
+
+#: ASO ε already computed, by exact inputs and deepsig's version: a study's report asks for
+#: about a hundred (each a second or more of deepsig's bootstrap, 600 of the first study's
+#: 740 s), and a report made again after one new record needs only that record's rows anew
+_ASO_DISK: dict[str, float] | None = None
+
+
+def _aso_file() -> Path:
+    return cache_dir() / "aso.json"
+
+
 @functools.lru_cache(maxsize=4096)
 def _aso(system: tuple[float, ...], baseline: tuple[float, ...], seed: int, n_bootstrap: int,
          confidence: float) -> float:
+    import importlib.metadata
+    import json
     import warnings
 
     from deepsig import aso
 
+    global _ASO_DISK
+    key = json.dumps([list(system), list(baseline), seed, n_bootstrap, confidence,
+                      importlib.metadata.version("deepsig")])
+    if _ASO_DISK is None:
+        try:
+            _ASO_DISK = {k: float(v) for k, v in json.loads(_aso_file().read_text(encoding="utf-8")).items()}
+        except (OSError, ValueError, TypeError, AttributeError):  # absent or damaged: only a lost speed-up
+            _ASO_DISK = {}
+    if key in _ASO_DISK:
+        return _ASO_DISK[key]
     with warnings.catch_warnings():  # equal scores on both sides: 0/0, which it warns about and returns as NaN
         warnings.simplefilter("ignore", UserWarning)
-        return float(aso(list(system), list(baseline), confidence_level=confidence,
-                         num_bootstrap_iterations=n_bootstrap, num_jobs=1, show_progress=False, seed=seed))
+        epsilon = float(aso(list(system), list(baseline), confidence_level=confidence,
+                            num_bootstrap_iterations=n_bootstrap, num_jobs=1, show_progress=False, seed=seed))
+    _ASO_DISK[key] = epsilon
+    with contextlib.suppress(OSError):  # a read-only home: computed again next time
+        from structnmt.io import atomic_write_text
+
+        _aso_file().parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(_aso_file(), json.dumps(_ASO_DISK, sort_keys=True))
+    return epsilon
 
 
 def aso_seeds(system_scores: Sequence[float], baseline_scores: Sequence[float], seed: int = 12345,
