@@ -5,8 +5,11 @@
 
 A report tests every recipe against the baseline's runs on every test set. Before the caches
 (``structnmt.evaluation.significance``: reference n-grams, each run's sentence statistics and
-its resampled scores; ``Study.run_config``: each run's config), every comparison extracted
-the baseline runs' statistics, n-grammed the references and read the recipes' YAML again.
+its resampled scores; ``Study.run_config``: each run's config; ASO ε on disk), every comparison
+extracted the baseline runs' statistics, n-grammed the references and read the recipes' YAML
+again, and every report ran deepsig's bootstrap for every row. Each round starts as a new
+process would (in-memory caches empty); the cached way finds the ASO file the rounds before
+it left (a report made again), the fresh way an empty one.
 Both ways run here, in the same process, alternately ``--rounds`` times; the fastest round of
 each counts, and the two reports must be byte-identical (the caches change when, not what).
 ``--smoke`` times the comparisons a report makes (:func:`compare_seeds` and
@@ -32,24 +35,37 @@ import common  # noqa: E402
 @contextlib.contextmanager
 def before_the_caches():
     """Every statistic and config computed afresh, as a report did before the caches."""
+    from structnmt.evaluation import significance
     from structnmt.evaluation.significance import uncached
     from structnmt.study.spec import Study
 
-    cached = Study.run_config
+    cached, aso_file = Study.run_config, significance._aso_file
     Study.run_config = lambda self, recipe, seed: self._read_run_config(recipe, seed)  # type: ignore[method-assign]
-    try:
-        with uncached():
-            yield
-    finally:
-        Study.run_config = cached  # type: ignore[method-assign]
+    with tempfile.TemporaryDirectory() as empty:
+        significance._aso_file = lambda: Path(empty) / "aso.json"  # type: ignore[assignment]
+        significance._ASO_DISK = None
+        try:
+            with uncached():
+                yield
+        finally:
+            Study.run_config = cached  # type: ignore[method-assign]
+            significance._aso_file = aso_file  # type: ignore[assignment]
+
+
+def as_a_new_process() -> None:
+    """The in-memory caches emptied, as a new ``structnmt study --report`` finds them."""
+    from structnmt.evaluation import significance
+
+    significance._MEMO.clear()
+    significance._aso.cache_clear()
+    significance._ASO_DISK = None
 
 
 def report_once(study_file: str, out: Path) -> tuple[float, dict[str, bytes]]:
-    from structnmt.evaluation import significance
     from structnmt.study.report import write_report
     from structnmt.study.spec import load_study
 
-    significance._MEMO.clear()  # a cold cache: what one `--report` call gets
+    as_a_new_process()
     study = load_study(study_file)
     start = time.perf_counter()
     path = write_report(study, out=out / "report.md")
@@ -61,7 +77,7 @@ def report_once(study_file: str, out: Path) -> tuple[float, dict[str, bytes]]:
 def comparisons_once(runs: dict[str, list[list[str]]], refs: list[str]) -> tuple[float, list]:
     from structnmt.evaluation import significance
 
-    significance._MEMO.clear()
+    as_a_new_process()
     start = time.perf_counter()
     results = []
     for recipe, hyps in runs.items():
