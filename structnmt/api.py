@@ -404,17 +404,19 @@ def export_trees(config: ConfigLike, out: str | Path, overrides: Overrides = Non
     cfg = _config(config, overrides)
     if cfg.data is None:
         raise ConfigError("the config has no data section", "data")
-    # the header names the parser's recipe and label convention, so that importing the file
-    # needs no parser (the convention is the one the prepared dataset recorded)
-    # (a cache pinned to a file passes on that file's header: the parser here did not make its trees)
+    # the header names the parser's recipe and label convention, so that importing the file needs
+    # no parser: a cache pinned to a file passes on that file's header (the parser here did not make
+    # its trees); otherwise the model's recipe, and the convention the prepared dataset recorded
     made = (read_meta(cfg.data.dir).get("parsers") or {}) if (Path(cfg.data.dir) / "meta.json").is_file() else {}
     about = {}
     for side in ("src", "tgt"):
         parser, pin = getattr(cfg.data, side).parser, pin_of(cache_dir_of(cfg.data) / side)
-        known = parser.backend == "spacy" and parser_identity(parser)["digest"] is not None  # the model is here
-        recipe = parser_recipe_identity(parser.model) if known else None
-        about[side] = {"recipe": pin.get("recipe"), "convention": pin.get("convention")} if pin else \
-            {"recipe": recipe, "convention": (made.get(side) or {}).get("convention")}
+        if pin:
+            about[side] = {"recipe": pin.get("recipe"), "convention": pin.get("convention")}
+            continue
+        here = parser.backend == "spacy" and parser_identity(parser)["digest"] is not None  # the model is here
+        about[side] = {"recipe": parser_recipe_identity(parser.model) if here else None,
+                       "convention": (made.get(side) or {}).get("convention")}
     return export(cache_dir_of(cfg.data), _path(out, "out"), about)  # type: ignore[arg-type]
 
 

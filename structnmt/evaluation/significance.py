@@ -388,11 +388,13 @@ def pooled_bootstrap(system_runs: Sequence[Sequence[str]], baseline_runs: Sequen
         return (scorer._aggregate_and_compute(stats).score,
                 [scorer._compute_score_from_stats(s.sum(0)).score for s in array[idxs]])
 
+    refs_key = tuple(_digest(r) for r in refs)  # once per call, not once per run
+
     def scores(runs: Sequence[Sequence[str]]) -> tuple[float, np.ndarray]:
         observed, samples = [], []
         for hyps in runs:
             hyps = list(hyps)
-            key = ("resampled", metric, tokenize, _digest(hyps), tuple(_digest(r) for r in refs), seed, n_samples)
+            key = ("resampled", metric, tokenize, _digest(hyps), refs_key, seed, n_samples)
             score, resampled = _memo(key, lambda hyps=hyps: one_run(hyps))
             observed.append(score)
             samples.append(resampled)
