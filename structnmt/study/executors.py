@@ -60,9 +60,12 @@ def _child_setup(niceness: int) -> Callable[[], None]:
 
 
 def _autogroups() -> bool:
-    """Whether the kernel schedules by session (``CONFIG_SCHED_AUTOGROUP``, switched on)."""
+    """Whether the kernel schedules this process by session: ``CONFIG_SCHED_AUTOGROUP`` switched
+    on, and this process in the root CPU cgroup (inside a CPU-controlled cgroup, as under many CI
+    runners and containers, the cgroup shares the CPU instead and ``/proc/self/autogroup`` is empty)."""
     try:
-        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+        enabled = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+        return enabled and bool(Path("/proc/self/autogroup").read_text().strip())
     except OSError:
         return False
 
