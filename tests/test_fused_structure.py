@@ -173,7 +173,10 @@ def test_sdpa_route_gives_the_explicit_outputs_and_gradients(dataset, case, rout
     torch.testing.assert_close(fused_logits, logits, rtol=1e-4, atol=1e-5)
     assert fused_grads.keys() == grads.keys()
     for name, grad in grads.items():
-        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=1e-6, msg=lambda m, n=name: f"{n}: {m}")
+        # float32 sums in another order in the fused kernel (AMX and AVX-512 machines differ from
+        # AVX2 ones): the absolute tolerance scales with the gradient, a wrong bias moves it by far more
+        atol = max(1e-6, 1e-4 * grad.abs().max().item())
+        torch.testing.assert_close(fused_grads[name], grad, rtol=1e-4, atol=atol, msg=lambda m, n=name: f"{n}: {m}")
 
 
 @pytest.mark.skipif(not flex_available(), reason="this torch has no torch.nn.attention.flex_attention")
