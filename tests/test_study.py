@@ -785,3 +785,20 @@ def test_a_niced_run_is_niced_against_other_sessions_too():
     plain = subprocess.run([sys.executable, "-c", probe], preexec_fn=_child_setup(0),  # noqa: PLW1509
                            capture_output=True, text=True, check=True).stdout.split()
     assert int(plain[0]) == os.getsid(0)  # nice 0: left in the study's session
+
+
+def test_a_run_is_niced_to_the_study_files_value_not_by_it():
+    # a study started under `nice -n 5` with nice 7 runs its trainings at 7 (not 12), and one
+    # started at 9 keeps 9 (a run is never less nice than its study)
+    import subprocess
+    import sys
+
+    script = ("import os, subprocess, sys\n"
+              "from structnmt.study.executors import _child_setup\n"
+              "os.nice(int(sys.argv[1]))\n"
+              "print(subprocess.run([sys.executable, '-c', 'import os; print(os.nice(0))'],\n"
+              "      preexec_fn=_child_setup(7), capture_output=True, text=True, check=True).stdout.strip())\n")
+    for start, expected in ((5, "7"), (9, "9")):
+        out = subprocess.run([sys.executable, "-c", script, str(start)], capture_output=True, text=True, check=True)
+        assert out.stdout.strip() == expected, (start, out.stderr)
+

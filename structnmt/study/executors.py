@@ -30,7 +30,8 @@ EXIT_TO_STATUS = {0: DONE, 75: INTERRUPTED, 3: BUSY}
 
 
 def _child_setup(niceness: int) -> Callable[[], None]:
-    """What a run process does between fork and exec: nice itself, and ask the kernel for
+    """What a run process does between fork and exec: nice itself to ``niceness`` (never less
+    than the study's own), and ask the kernel for
     SIGTERM when the study dies (Linux ``PR_SET_PDEATHSIG``). libc is loaded here, in the
     parent, because loading a library after a fork of a threaded process can deadlock."""
     try:
@@ -42,7 +43,9 @@ def _child_setup(niceness: int) -> Callable[[], None]:
     autogroup = niceness > 0 and _autogroups()
 
     def setup() -> None:
-        os.nice(niceness)
+        # the study file's nice is the run's niceness, not an increment: a study started under
+        # `nice -n 15` with nice 15 would otherwise run its trainings at 19 (the cap)
+        os.nice(max(0, niceness - os.nice(0)))
         if autogroup:
             # With autogroup scheduling (most Linux desktops, and the machines studies ran on) the
             # kernel shares the CPU between sessions first and looks at nice only within one: a
