@@ -64,8 +64,8 @@ def _child_setup(niceness: int) -> Callable[[], None]:
 
 def _autogroups() -> bool:
     """Whether the kernel schedules this process by session: ``CONFIG_SCHED_AUTOGROUP`` switched
-    on, and this process in the root CPU cgroup (inside a CPU-controlled cgroup, as under many CI
-    runners and containers, the cgroup shares the CPU instead and ``/proc/self/autogroup`` is empty)."""
+    on, and this process in an autogroup of its session's (``/proc/self/autogroup`` is empty for
+    a process left in the kernel's default group, as one was under a CI runner)."""
     try:
         enabled = Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
         return enabled and bool(Path("/proc/self/autogroup").read_text().strip())
