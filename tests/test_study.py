@@ -805,3 +805,23 @@ def test_a_run_is_niced_to_the_study_files_value_not_by_it():
         out = subprocess.run([sys.executable, "-c", script, str(start)], capture_output=True, text=True, check=True)
         assert out.stdout.strip() == expected, (start, out.stderr)
 
+
+
+def test_status_time_left_takes_the_pace_of_runs_recorded_on_this_cpu(monkeypatch):
+    # a study carried across machines: two slow runs on another CPU, one fast run on this one
+    import structnmt.study as study_module
+
+    def done(seconds: int, machine: tuple[str, int]) -> dict:
+        return {"recipe": "r", "seed": 1, "state": "done", "step": 10, "bleu": 1.0, "note": "", "seconds": seconds,
+                "machine": machine, "threads_setting": 0, "jobs": 1}
+
+    rows = [done(9000, ("AMD EPYC", 1)), done(9600, ("AMD EPYC", 1)), done(3600, ("Xeon", 2)),
+            {"recipe": "r", "seed": 2, "state": "pending", "step": None, "bleu": None, "note": "", "jobs": 1,
+             "threads_setting": 0}]
+    monkeypatch.setattr(study_module, "machine_here", lambda threads, jobs: ("Xeon", 2 // jobs))
+    one = format_status(rows, jobs=1).splitlines()[-1]
+    assert "at the median of the 1 run(s) recorded on this CPU at 2 thread(s) of 60 min each" in one
+    assert "about 1.0 h of runs" in one
+    # two at a time here gives one thread each: no record at that pace, so every record's median
+    two = format_status(rows, jobs=2).splitlines()[-1]
+    assert "at the finished runs' median of 150 min each" in two

@@ -66,7 +66,7 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
     rows = []
     for recipe, seed in study.runs():
         row: dict[str, Any] = {"recipe": recipe, "seed": seed, "state": "pending", "step": None, "bleu": None,
-                               "note": "", "jobs": study.executor.jobs}
+                               "note": "", "jobs": study.executor.jobs, "threads_setting": study.executor.threads}
         if (damage := record_damage(study, recipe, seed)) is not None:
             row.update(state="damaged", note=damage)
             rows.append(row)
@@ -79,7 +79,8 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
             test = first_test if first_test in scores else next(iter(scores), None)
             row.update(step=record.get("updates"), bleu=scores[test]["bleu"] if test else None,
                        note=f"{test} BLEU" if test else "", precision=record.get("precision"),
-                       seconds=(record.get("train_seconds") or 0) + (record.get("test_seconds") or 0))
+                       seconds=(record.get("train_seconds") or 0) + (record.get("test_seconds") or 0),
+                       machine=_machine(record))
             if reason is None:
                 row["state"] = "done"
                 if (change := trees_change(study, recipe, seed, record)) is not None:
@@ -114,6 +115,23 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _machine(record: dict[str, Any]) -> tuple[str, int] | None:
+    """(CPU model, threads of its last call) a record trained on: runs on one kind of CPU at one
+    thread count take about one time, and a study's records can come from several machines."""
+    model = (record.get("cpu_info") or {}).get("model")
+    calls = record.get("calls") or []
+    threads = calls[-1].get("threads") if calls and isinstance(calls[-1], dict) else record.get("threads")
+    return (model, threads) if model and isinstance(threads, int) else None
+
+
+def machine_here(threads_setting: int, jobs: int) -> tuple[str, int]:
+    """(this CPU's model, the threads a run would get here with ``jobs`` at once)."""
+    from structnmt.study.executors import threads_per_run
+    from structnmt.study.provenance import cpu_info
+
+    return cpu_info()["model"], threads_per_run(threads_setting, jobs)
+
+
 def format_status(rows: list[dict[str, Any]], jobs: int | None = None) -> str:
     """The status table; its last line forecasts the time left with ``jobs`` runs at once
     (``--jobs``; default: the study file's ``executor.jobs``, which each row carries)."""
@@ -129,7 +147,10 @@ def format_status(rows: list[dict[str, Any]], jobs: int | None = None) -> str:
     for r in rows:
         counts[r["state"]] = counts.get(r["state"], 0) + 1
     lines.append(", ".join(f"{n} {state}" for state, n in sorted(counts.items())))
-    if left := _time_left(rows, jobs):
+    here = None
+    if any(r.get("machine") for r in rows):  # only then is there a record to match
+        here = machine_here(next((r["threads_setting"] for r in rows if "threads_setting" in r), 0), jobs)
+    if left := _time_left(rows, jobs, here):
         lines.append(left)
     if mix := precision_mix(rows):
         lines.append(mix)
@@ -166,11 +187,15 @@ def precision_mix(rows: list[dict[str, Any]]) -> str:
             "(training.precision auto follows the hardware): runs here would mix precisions within the study")
 
 
-def _time_left(rows: list[dict[str, Any]], jobs: int = 1) -> str:
+def _time_left(rows: list[dict[str, Any]], jobs: int = 1, here: tuple[str, int] | None = None) -> str:
     """A rough forecast for planning: each run not done at the finished runs' median time (a
     running run: the training its log's clock says is left; an interrupted one: the share of its
-    updates still to do), and the wall-clock time with ``jobs`` runs at once."""
-    took = sorted(r["seconds"] for r in rows if r["state"] == "done" and r.get("seconds"))
+    updates still to do), and the wall-clock time with ``jobs`` runs at once. Where runs were
+    recorded on ``here`` (this CPU model at the thread count a run would get), their median
+    alone: a study carried across machines has runs of two or three different paces."""
+    done = [r for r in rows if r["state"] == "done" and r.get("seconds")]
+    alike = [r for r in done if here is not None and tuple(r.get("machine") or ()) == tuple(here)]
+    took = sorted(r["seconds"] for r in (alike or done))
     todo = [r for r in rows if r["state"] not in ("done", "damaged")]
     if not took or not todo:
         return ""
@@ -187,7 +212,9 @@ def _time_left(rows: list[dict[str, Any]], jobs: int = 1) -> str:
     if running:
         from_logs = sum(r.get("seconds_left") is not None for r in running)
         busy = f" ({len(running)} running{f', {from_logs} with its time left from its log' if from_logs else ''})"
-    return (f"{len(todo)} run(s) not done{busy}; at the finished runs' median of {median / 60:.0f} min each, "
+    whose = (f"the median of the {len(alike)} run(s) recorded on this CPU at {here[1]} thread(s)" if alike
+             else "the finished runs' median")
+    return (f"{len(todo)} run(s) not done{busy}; at {whose} of {median / 60:.0f} min each, "
             f"about {sum(each) / 3600:.1f} h of runs{wall} at that pace (less for a run that resumes)")
 
 
