@@ -340,10 +340,12 @@ def _step(run_dir: Path) -> int:
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_a_niced_study_and_its_run(recipes, tmp_path):
+@pytest.mark.parametrize("how", ["ctrl_c", "kill"])
+def test_ctrl_c_stops_a_niced_study_and_its_run(recipes, tmp_path, how):
     # a niced run has a session of its own (test_a_niced_run_is_niced_against_other_sessions_too),
-    # so the terminal's Ctrl-C reaches the study only: the study must pass it on, or wait for ever
-    study_file = _study_file(tmp_path, {"vanilla": recipes["vanilla"]}, name="ctrl_c", seeds=(1,), max_steps=400,
+    # so the terminal's Ctrl-C reaches the study only: the study must pass it on, or wait for ever.
+    # A study started in the background by a script ignores SIGINT: `kill` (SIGTERM) stops it alike
+    study_file = _study_file(tmp_path, {"vanilla": recipes["vanilla"]}, name=how, seeds=(1,), max_steps=400,
                              executor={"kind": "local", "jobs": 1, "threads": 1, "nice": 5})
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     process = subprocess.Popen([sys.executable, "-m", "structnmt.cli.main", "study", str(study_file)], env=env,
@@ -353,9 +355,12 @@ def test_ctrl_c_stops_a_niced_study_and_its_run(recipes, tmp_path):
     while _step(run_dir) < 20 and time.time() < deadline and process.poll() is None:
         time.sleep(0.05)
     assert process.poll() is None, process.stderr.read().decode()[-2000:]
-    os.killpg(process.pid, signal.SIGINT)  # what a terminal sends its foreground process group
+    if how == "ctrl_c":
+        os.killpg(process.pid, signal.SIGINT)  # what a terminal sends its foreground process group
+    else:
+        process.terminate()  # the study alone
     try:
-        assert process.wait(timeout=120) == 130
+        assert process.wait(timeout=120) == (130 if how == "ctrl_c" else 143)
     finally:
         process.kill()
     from structnmt.locks import holder

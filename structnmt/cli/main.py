@@ -455,9 +455,9 @@ def main(argv: list[str] | None = None) -> int:
     except StructNMTError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as stop:  # Ctrl-C; a study's SIGTERM too (structnmt.study.executors.Terminated)
         print("interrupted", file=sys.stderr)
-        return 130
+        return 143 if type(stop).__name__ == "Terminated" else 130
     except OSError as err:  # the last net: a file the system would not read or write, in one line
         where = f"{err.filename}: " if err.filename else ""
         print(f"error: {where}{err.strerror or err}", file=sys.stderr)

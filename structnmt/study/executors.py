@@ -19,7 +19,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -60,6 +61,29 @@ def _child_setup(niceness: int) -> Callable[[], None]:
             if os.getppid() != parent:  # the study died before prctl: stop now
                 os.kill(os.getpid(), signal.SIGTERM)
     return setup
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM to the study, handled as Ctrl-C is: a study started in the background by a script
+    (`nohup structnmt study … &`) ignores SIGINT, so `kill` is how it is stopped."""
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt() -> Iterator[None]:
+    """While runs go, SIGTERM raises :class:`Terminated` in the study, which then stops its runs
+    (they checkpoint) instead of dying and leaving them to ``PR_SET_PDEATHSIG``."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def stop(signum: int, _frame: object) -> None:
+        raise Terminated(f"signal {signum}")
+
+    before = signal.signal(signal.SIGTERM, stop)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def _autogroups() -> bool:
@@ -118,7 +142,7 @@ def run_local(study: Study, runs: list[tuple[str, int]], jobs: int,
         report(recipe, seed, status)
 
     running: set[subprocess.Popen] = set()
-    with ThreadPoolExecutor(max_workers=jobs) as pool:
+    with ThreadPoolExecutor(max_workers=jobs) as pool, _terminate_as_interrupt():
         try:
             list(pool.map(one, runs))
         except BaseException:
