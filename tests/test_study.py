@@ -811,7 +811,6 @@ def test_a_run_is_niced_to_the_study_files_value_not_by_it():
         assert out.stdout.strip() == expected, (start, out.stderr)
 
 
-
 def test_status_time_left_takes_the_pace_of_runs_recorded_on_this_cpu(monkeypatch):
     # a study carried across machines: two slow runs on another CPU, one fast run on this one
     import structnmt.study as study_module

@@ -457,7 +457,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt as stop:  # Ctrl-C; a study's SIGTERM too (structnmt.study.executors.Terminated)
         print("interrupted", file=sys.stderr)
-        return 143 if type(stop).__name__ == "Terminated" else 130
+        return getattr(stop, "exit_status", 130)
     except OSError as err:  # the last net: a file the system would not read or write, in one line
         where = f"{err.filename}: " if err.filename else ""
         print(f"error: {where}{err.strerror or err}", file=sys.stderr)

@@ -194,7 +194,7 @@ def _time_left(rows: list[dict[str, Any]], jobs: int = 1, here: tuple[str, int] 
     recorded on ``here`` (this CPU model at the thread count a run would get), their median
     alone: a study carried across machines has runs of two or three different paces."""
     done = [r for r in rows if r["state"] == "done" and r.get("seconds")]
-    alike = [r for r in done if here is not None and tuple(r.get("machine") or ()) == tuple(here)]
+    alike = [r for r in done if here is not None and r.get("machine") == here]
     took = sorted(r["seconds"] for r in (alike or done))
     todo = [r for r in rows if r["state"] not in ("done", "damaged")]
     if not took or not todo:

@@ -67,6 +67,8 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM to the study, handled as Ctrl-C is: a study started in the background by a script
     (`nohup structnmt study … &`) ignores SIGINT, so `kill` is how it is stopped."""
 
+    exit_status = 143  # 128 + SIGTERM, as a shell reports a process the signal ended
+
 
 @contextlib.contextmanager
 def _terminate_as_interrupt() -> Iterator[None]:
