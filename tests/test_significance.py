@@ -243,6 +243,45 @@ def test_statistics_computed_once_give_the_numbers_computed_afresh(big_refs, met
     assert len(extracted) == 2 * (3 + 4)  # each run once per set of references
 
 
+def test_paired_and_pooled_results_are_kept_on_disk_by_their_exact_inputs(big_refs, tmp_path, monkeypatch):
+    # a report made again after one new record tests only that record's rows anew
+    from structnmt.evaluation import significance
+
+    monkeypatch.setenv("STRUCTNMT_CACHE_DIR", str(tmp_path))
+    baseline = [noisy(big_refs, 3, s) for s in (1, 2)]
+    system = [noisy(big_refs, 2, s) for s in (4, 5)]
+
+    def numbers(seed: int = 12345):
+        significance._MEMO.clear()  # what another process would start from
+        seeds = compare_seeds(system, baseline, [big_refs], n_samples=100, seed=seed)
+        pooled = pooled_bootstrap(system, baseline, [big_refs], n_samples=100, seed=seed)
+        return [(r.p_value, r.system_score, r.baseline_score, r.system_ci) for _, _, r in seeds.pairs], pooled
+
+    first = numbers()
+    kept = sorted((tmp_path / "significance").glob("*.json"))
+    assert len(kept) == 3  # one paired call per baseline seed, one pooled bootstrap
+    assert numbers() == first
+    # read back, not computed: every kept p-value doctored to 0.5 comes back as 0.5
+    for path in kept:
+        value = json.loads(path.read_text())
+        for result in value if isinstance(value, list) else [value]:
+            result["p_value"] = 0.5
+        path.write_text(json.dumps(value))
+    pairs, pooled = numbers()
+    assert {p for p, *_ in pairs} == {pooled.p_value} == {0.5}
+    assert pooled.seeds == (2, 2) and [s for _, s, *_ in pairs] == [s for _, s, *_ in first[0]]
+    with significance.uncached():  # afresh: the true numbers, and nothing read or written
+        assert numbers() == first
+    # other inputs (another seed of the test) are computed, and join the folder
+    assert numbers(seed=7)[1].p_value != 0.5
+    assert len(list((tmp_path / "significance").glob("*.json"))) == 6
+    # a damaged or foreign file is only a lost speed-up
+    kept[0].write_text("{not json")
+    kept[1].write_text("[1, 2]")
+    kept[2].write_text('{"p_value": 0.1}')
+    assert numbers() == first
+
+
 def test_the_pooled_bootstrap_refuses_runs_of_different_lengths(big_refs):
     with pytest.raises(DataError, match="system 1 has 149"):
         pooled_bootstrap([big_refs, big_refs[:-1]], [big_refs], [big_refs])

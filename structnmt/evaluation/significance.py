@@ -114,6 +114,31 @@ def uncached() -> Iterator[None]:
         _memo_on = before
 
 
+def _kept(kind: str, key: list, compute: Callable[[], Any], read: Callable[[Any], Any]) -> Any:
+    """A result from disk by its exact inputs (``key``: texts as digests, every setting, the
+    library's version), else computed and kept there. A study report makes some five hundred
+    paired tests, about two seconds each; made again after one new record, only that record's
+    rows are new. ``read`` rebuilds the value from its JSON; a file it cannot read is only a
+    lost speed-up, computed again."""
+    import json
+
+    if not _memo_on:
+        return compute()
+    name = hashlib.blake2b(json.dumps([kind, *key]).encode(), digest_size=20).hexdigest()
+    path = cache_dir() / "significance" / f"{name}.json"
+    try:
+        return read(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        pass
+    value = compute()
+    with contextlib.suppress(OSError):  # a read-only home: computed again next time
+        from structnmt.io import atomic_write_text
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(path, json.dumps(value, default=asdict))
+    return value
+
+
 def _digest(lines: Sequence[str | None]) -> bytes:
     h = hashlib.blake2b(digest_size=16)
     for line in lines:
@@ -197,6 +222,18 @@ def paired_tests(
     if not systems:
         return []
     _check(baseline, systems, refs)
+    import sacrebleu
+
+    key = [metric, test, n_samples, seed, tokenize, sacrebleu.__version__, _digest(baseline).hex(),
+           [_digest(h).hex() for h in systems], [_digest(r).hex() for r in refs]]
+    return _kept("paired", key, lambda: _paired_tests(baseline, systems, refs, metric, test, n_samples, seed,
+                                                      tokenize),
+                 lambda kept: [PairedResult(**result) for result in kept])
+
+
+def _paired_tests(baseline: Sequence[str], systems: Sequence[Sequence[str]], refs: Sequence[Sequence[str]],
+                  metric: str, test: TestType, n_samples: int, seed: int, tokenize: str | None,
+                  ) -> list[PairedResult]:
     named = [("baseline", list(baseline))] + [(f"system {k}", list(h)) for k, h in enumerate(systems, 1)]
     refs = [list(r) for r in refs]
     with _sacrebleu_seed(seed):
@@ -377,6 +414,21 @@ def pooled_bootstrap(system_runs: Sequence[Sequence[str]], baseline_runs: Sequen
     _check(system_runs[0], baseline_runs, refs)
     if seed <= 0:
         raise ValueError(f"the significance seed must be a positive integer, got {seed}")
+    import sacrebleu
+
+    key = [metric, n_samples, seed, tokenize, sacrebleu.__version__, np.__version__,
+           [_digest(h).hex() for h in system_runs], [_digest(h).hex() for h in baseline_runs],
+           [_digest(r).hex() for r in refs]]
+    return _kept("pooled", key, lambda: _pooled_bootstrap(system_runs, baseline_runs, refs, metric, n_samples,
+                                                          seed, tokenize),
+                 lambda kept: PooledResult(**{**kept, "seeds": tuple(kept["seeds"])}))
+
+
+def _pooled_bootstrap(system_runs: Sequence[Sequence[str]], baseline_runs: Sequence[Sequence[str]],
+                      refs: Sequence[Sequence[str]], metric: str, n_samples: int, seed: int,
+                      tokenize: str | None) -> PooledResult:
+    import numpy as np
+
     scorer = _metric(metric, tokenize)
     refs = [list(r) for r in refs]
     n = len(system_runs[0])
