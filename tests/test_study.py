@@ -806,7 +806,7 @@ def test_a_run_is_niced_to_the_study_files_value_not_by_it():
               "print(os.nice(int(sys.argv[1])))\n"
               "print(subprocess.run([sys.executable, '-c', 'import os; print(os.nice(0))'],\n"
               "      preexec_fn=_child_setup(7), capture_output=True, text=True, check=True).stdout.strip())\n")
-    here = os.nice(0)  # pytest itself may run niced: the study's niceness is what it starts at plus this
+    here = os.nice(0)  # pytest itself may run niced, and the study below starts from here
     for more in (max(0, 5 - here), max(0, 9 - here)):  # a study at 5 runs at 7, one at 9 keeps 9
         study, run = subprocess.run([sys.executable, "-c", script, str(more)], capture_output=True, text=True,
                                     check=True).stdout.split()

@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import json
 import math
 import os
 import statistics
@@ -40,6 +41,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+import sacrebleu
 from sacrebleu.significance import PairedTest
 
 from structnmt.errors import DataError
@@ -120,8 +122,6 @@ def _kept(kind: str, key: list, compute: Callable[[], Any], read: Callable[[Any]
     paired tests, about two seconds each; made again after one new record, only that record's
     rows are new. ``read`` rebuilds the value from its JSON; a file it cannot read is only a
     lost speed-up, computed again."""
-    import json
-
     if not _memo_on:
         return compute()
     name = hashlib.blake2b(json.dumps([kind, *key]).encode(), digest_size=20).hexdigest()
@@ -222,8 +222,6 @@ def paired_tests(
     if not systems:
         return []
     _check(baseline, systems, refs)
-    import sacrebleu
-
     key = [metric, test, n_samples, seed, tokenize, sacrebleu.__version__, _digest(baseline).hex(),
            [_digest(h).hex() for h in systems], [_digest(r).hex() for r in refs]]
     return _kept("paired", key, lambda: _paired_tests(baseline, systems, refs, metric, test, n_samples, seed,
@@ -414,8 +412,6 @@ def pooled_bootstrap(system_runs: Sequence[Sequence[str]], baseline_runs: Sequen
     _check(system_runs[0], baseline_runs, refs)
     if seed <= 0:
         raise ValueError(f"the significance seed must be a positive integer, got {seed}")
-    import sacrebleu
-
     key = [metric, n_samples, seed, tokenize, sacrebleu.__version__, np.__version__,
            [_digest(h).hex() for h in system_runs], [_digest(h).hex() for h in baseline_runs],
            [_digest(r).hex() for r in refs]]
@@ -494,7 +490,6 @@ def _aso_file() -> Path:
 def _aso(system: tuple[float, ...], baseline: tuple[float, ...], seed: int, n_bootstrap: int,
          confidence: float) -> float:
     import importlib.metadata
-    import json
     import warnings
 
     from deepsig import aso
