@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -282,3 +283,21 @@ def test_a_wrong_additive_term_is_caught(dataset, monkeypatch):
     set_route(model, "fused", "sdpa")
     wrong_logits, _ = run(model, batch)
     assert not torch.allclose(wrong_logits, logits, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("d_model,fused_kernel,expected", [
+    (64, None, "sdpa"),  # the default on CUDA: SDPA with the float mask, never FlexAttention
+    (64, "flex", "flex"),  # asked for, with heads of 16
+    (32, "flex", "sdpa"),  # heads of 8: compiled FlexAttention cannot run them (H100, torch 2.11)
+])
+def test_the_route_on_cuda_takes_flex_only_when_asked_and_heads_allow(d_model, fused_kernel, expected, monkeypatch):
+    """The route reads only the device type, dtype and gradients of its inputs: a CUDA tensor's
+    stand-in checks the GPU's choice on a machine without one."""
+    monkeypatch.setattr(attention_module, "flex_available", lambda: True)
+    model = Transformer(model_config("vanilla", d_model=d_model, n_heads=4, dropout=0.0, attention_dropout=0.0,
+                                     methods=[{"name": "local_window", "layers": [1]}]), 20, 20)
+    layer = plugin_layers(model)[0]
+    layer.fused_kernel = fused_kernel
+    q = SimpleNamespace(device=torch.device("cuda"), dtype=torch.bfloat16, requires_grad=True)
+    ctx = SimpleNamespace(wants=lambda what: False)
+    assert layer.route(q, q, q, ctx) == expected

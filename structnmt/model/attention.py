@@ -14,11 +14,14 @@ or step by step with the explicit (B, H, I, J) score and weight matrices (``"exp
 * A layer whose plug-ins only change queries/keys or add a ``bias`` takes SDPA, as before.
 * A layer with *structural* plug-ins (a ``scores`` or ``probs`` hook that has a fused form:
   ``additive``, ``score_mod``, ``prob_scale``, see ``AttentionPlugin``) takes a fused route where
-  one can run: FlexAttention on CUDA (compiled), SDPA with a float mask elsewhere, and SDPA on CUDA
-  when FlexAttention cannot run (a ``prob_scale``, attention dropout in training). Under ``auto``
-  such a layer stays explicit on the CPU: SDPA with a mask that needs gradients is no faster there
-  at Multi30k's lengths (docs/benchmarks.md), and FlexAttention has no backward on the CPU, so the
-  CPU keeps today's numerics; ``fused`` takes the fused route on the CPU too.
+  one can run: SDPA with a float mask on CUDA (and on the CPU under ``fused``). FlexAttention is
+  taken only where a layer's ``fused_kernel`` asks for it: on an H100 with torch 2.11 (2026-11-26,
+  docs/benchmarks.md, GPU smoke test) its compiled kernel for Deps-SAN's Wink mask asked for more
+  shared memory than the GPU has, and it cannot compile heads narrower than 16, so it is not a
+  default until a GPU run shows every method through it. Under ``auto`` such a layer stays
+  explicit on the CPU: SDPA with a mask that needs gradients is no faster there at Multi30k's
+  lengths (docs/benchmarks.md), and FlexAttention has no backward on the CPU, so the CPU keeps
+  today's numerics; ``fused`` takes the fused route on the CPU too.
 """
 
 from __future__ import annotations
@@ -42,6 +45,8 @@ except ImportError:  # pragma: no cover - older torch
 _compiled_flex: Callable[..., Tensor] | None = None
 
 ROUTES = ("explicit", "sdpa", "flex")
+#: compiled FlexAttention refuses narrower heads ("NYI: embedding dimension ... at least 16", torch 2.11)
+FLEX_MIN_HEAD_DIM = 16
 
 
 def flex_available() -> bool:
@@ -133,8 +138,8 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(d_model, d_model)
         self.plugins = nn.ModuleList()
         self._structural, self._all_flex, self._all_sdpa = False, True, True  # see add_plugin
-        #: the fused kernel for structural plug-ins: None picks by device (flex on CUDA, SDPA
-        #: elsewhere); "flex" or "sdpa" forces one where it can run (tests, benchmarks)
+        #: the fused kernel for structural plug-ins: None takes SDPA; "flex" asks for FlexAttention
+        #: where it can run (tests, benchmarks), "sdpa" forces SDPA
         self.fused_kernel: str | None = None
 
     def add_plugin(self, plugin: AttentionPlugin) -> None:
@@ -266,15 +271,13 @@ class MultiHeadAttention(nn.Module):
                                             or any(p.requires_grad for p in self.plugins.parameters()))
         flex = (flex_available() and self._all_flex
                 and (device == "cuda" or (device == "cpu" and not grad))  # no backward on the CPU
+                and (device != "cuda" or self.d_head >= FLEX_MIN_HEAD_DIM)  # the compiled kernel's limit
                 and not (self.training and self.dropout > 0.0))  # FlexAttention has no dropout
-        sdpa = self._all_sdpa
         if self.fused_kernel == "flex" and flex:
             return "flex"
         if not struct:
             return "sdpa"
-        if flex and device == "cuda" and self.fused_kernel != "sdpa":
-            return "flex"
-        return "sdpa" if sdpa else "explicit"
+        return "sdpa" if self._all_sdpa else "explicit"
 
     def prefers_explicit(self, q: Tensor) -> bool:
         if self.kernel == "auto":
