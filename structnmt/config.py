@@ -293,8 +293,8 @@ class ModelConfig:
     max_positions: int = 1024
     methods: list[MethodParams] = field(default_factory=list)  # structure-aware plug-ins, see model.methods
     # how attention is computed (the same function either way; structnmt/model/attention.py):
-    # auto = a fused kernel (SDPA, FlexAttention on CUDA for structure-aware plug-ins that have a
-    # fused form), except on a CPU for bf16/fp16 and for structure-aware layers, where the explicit
+    # auto = a fused kernel (SDPA, with a float mask for structure-aware plug-ins that have that
+    # form), except on a CPU for bf16/fp16 and for structure-aware layers, where the explicit
     # (B, H, I, J) path is as fast or faster; fused / explicit force one where it can run
     attention_kernel: Literal["auto", "fused", "explicit"] = "auto"
 
@@ -352,6 +352,10 @@ class TrainingConfig:
     precision: Literal["fp32", "bf16", "fp16", "auto"] = "auto"
     # torch.compile of forward + loss (structnmt/training/compiled.py); auto: on CUDA GPUs only
     compile: Literal["auto", "on", "off"] = "auto"
+    # batch lengths rounded up to a multiple of this; 0: auto = 8 where training is compiled on
+    # CUDA (inductor specialises its kernels on length % 8 there, so mixed lengths cost up to four
+    # compiled graphs instead of two: H100, 2026-11-26), else 1 (every CPU result unchanged)
+    pad_to_multiple: int = 0
     threads: int = 0  # torch intra-op threads; 0: library default
     deterministic: bool = False
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
@@ -370,7 +374,7 @@ class TrainingConfig:
         _need(self.eps > 0, "must be positive", f"{where}.eps")
         _at_least(self, where, 0, "max_steps", "max_epochs", "max_minutes", "weight_decay", "clip_norm",
                   "valid_every", "early_stopping", "keep_last", "log_every", "num_workers", "threads",
-                  "max_bad_steps", "bucket_width")
+                  "max_bad_steps", "bucket_width", "pad_to_multiple")
         _at_least(self, where, 1, "valid_beam")
 
 

@@ -93,15 +93,16 @@ def vocab_size(dataset_dir: Path) -> int:
 
 
 def batches(dataset_dir: Path, split: str, model: Transformer, max_tokens: int = 300,
-            inference: bool = False) -> list[Batch]:
-    """The split's batches with the fields ``model``'s methods read (at translation time: source only)."""
+            inference: bool = False, multiple: int = 1) -> list[Batch]:
+    """The split's batches with the fields ``model``'s methods read (at translation time: source only),
+    lengths padded up to ``multiple``."""
     dataset = ParallelDataset(dataset_dir, split)
     needs = model.structure_needs(inference=inference)
     fields = {"src": needs["src"] | {"valid"}, "tgt": set() if inference else needs["tgt"] | {"valid"}}
     src_len = np.asarray([len(dataset.side_arrays(i, "src")["ids"]) for i in range(len(dataset))])
     out = []
     for indices in token_batches(src_len, None, max_tokens, shuffle=False, seed=1, epoch=1):
-        batch = collate(dataset, indices, fields)
+        batch = collate(dataset, indices, fields, multiple)
         if inference:
             batch = Batch(batch.src, struct={"src": batch.struct["src"], "tgt": {}}, index=batch.index)
         out.append(batch)

@@ -127,3 +127,12 @@ def test_what_auto_on_and_off_resolve_to(monkeypatch):
     monkeypatch.delenv("CXX", raising=False)
     on, why = C.resolve_compile("on", cpu)
     assert not on and "C++ compiler" in why
+
+
+@pytest.mark.parametrize("setting,compiled,device,expected", [
+    (0, True, "cuda", 8),  # auto: inductor's GPU kernels guard on length % 8
+    (0, False, "cuda", 1), (0, True, "cpu", 1), (0, False, "cpu", 1),  # eager and CPU runs keep their batches
+    (16, False, "cpu", 16),  # as set
+])
+def test_batch_lengths_are_padded_to_8_only_for_compiled_training_on_cuda(setting, compiled, device, expected):
+    assert C.length_multiple(setting, compiled, torch.device(device)) == expected

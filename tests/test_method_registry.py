@@ -96,6 +96,29 @@ def test_a_method_trains_and_translates_from_source_fields_alone(dataset, case):
     assert len(hyps) == len(src_only.index) and all(len(h[0].tokens) <= 5 for h in hyps)
 
 
+@pytest.mark.parametrize("case", sorted(all_cases()))
+def test_padding_lengths_to_a_multiple_of_8_changes_no_loss_and_no_gradient(dataset, case):
+    """``training.pad_to_multiple`` (8 on CUDA when compiled) must be invisible to every method:
+    its tree, scene and distance fields, masks and losses must all ignore the added padding."""
+    results, shapes = [], []
+    for multiple in (1, 8):
+        torch.manual_seed(0)
+        model = make_model(case, vocab_size(dataset), dropout=0.0).eval()  # eval: no random draws
+        batch = batches(dataset, "train", model, multiple=multiple)[0]
+        shapes.append((batch.src.size(1), batch.tgt_in.size(1)))
+        out = model(batch)
+        loss, _ = label_smoothed_nll(out.logits, batch.tgt_out, 0.1)
+        loss = loss + sum(out.losses.values(), torch.zeros(()))
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (short, short_grads), (padded, padded_grads) = results
+    assert shapes[1] != shapes[0] and all(n % 8 == 0 for n in shapes[1])  # padding was added
+    torch.testing.assert_close(padded, short, rtol=1e-5, atol=1e-6)
+    assert padded_grads.keys() == short_grads.keys()
+    for name in short_grads:
+        torch.testing.assert_close(padded_grads[name], short_grads[name], rtol=1e-4, atol=1e-6, msg=name)
+
+
 RECIPES = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
 
 

@@ -61,6 +61,7 @@ from structnmt.training.checks import (
     check_shared_embeddings,
     warn_weak_german_trees,
 )
+from structnmt.training.compiled import length_multiple
 from structnmt.training.environment import pick_device, rng_state, seed_everything, set_rng_state
 from structnmt.training.logger import RunLogger, TrainWindow, dataset_parsers, rewind_log, write_run_files
 from structnmt.training.updater import Updater
@@ -118,6 +119,7 @@ class Trainer:
         self.fields = needs() if needs is not None else {"src": set(), "tgt": set()}
         self.updater = Updater(model, self.t, self.device, self.ctx,
                                find_unused_parameters=bool(cfg.model.methods))
+        self.pad_multiple = length_multiple(self.t.pad_to_multiple, self.updater.compiled, self.device)
         self.progress = Progress()
         self.compiles = 0  # graphs torch.compile built in this call (warm-up and recompilations)
         self._signal: int | None = None
@@ -135,7 +137,7 @@ class Trainer:
     def collate(self, dataset: Any, indices: np.ndarray, fields: dict[str, set[str]]) -> Batch:
         from structnmt.data.batching import collate
 
-        return collate(dataset, indices, fields)
+        return collate(dataset, indices, fields, self.pad_multiple)
 
     # -- batches ----------------------------------------------------------------
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
