@@ -60,14 +60,18 @@ def _updater(model: Any, precision: str, device: Any, ctx: Any = None, compiled:
 
 
 def train_case(case: str, precision: str, data: Path, vocab: int, device: Any, updates: int,
-               size: dict[str, Any], compiled: bool = False) -> dict[str, Any]:
+               size: dict[str, Any], compiled: bool = False, fused_kernel: str | None = None) -> dict[str, Any]:
     """``updates`` updates of one method under one precision: finiteness, skips, scale, speed, peak memory."""
     import torch
 
+    from structnmt.model.attention import MultiHeadAttention
     from tests.registry_cases import batches, make_model
 
     torch.manual_seed(1)
     model = make_model(case, vocab, **size)
+    for module in model.modules():  # --fused-kernel: which fused kernel structural plug-ins ask for
+        if isinstance(module, MultiHeadAttention):
+            module.fused_kernel = fused_kernel
     updater = _updater(model, precision, device, compiled=compiled)
     train = batches(data, "train", model, max_tokens=2048)
     if device.type == "cuda":
@@ -118,6 +122,12 @@ def beam_agreement(model: Any, data: Path, device: Any, precisions: tuple[str, .
                 found = [h[0].tokens for h in beam_search(model, batch.to(device), beam=4)]
             same[precision] += sum(a == b for a, b in zip(reference, found))
     return {precision: (same[precision] / max(total, 1), total) for precision in precisions}
+
+
+def _last_line(err: BaseException) -> str:
+    """An exception in one line: the compilers' messages run to pages."""
+    lines = [line for line in str(err).splitlines() if line.strip()]
+    return f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
 
 
 def _free_port() -> int:
@@ -178,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cpu", action="store_true", help="dry run of this script on the CPU (figures mean nothing)")
     p.add_argument("--ddp-cpu", type=int, default=0, help="with --cpu: DDP over this many gloo processes")
     p.add_argument("--out", type=Path, default=common.RESULTS, help="folder of the report")
+    p.add_argument("--no-compiled", action="store_true", help="leave out the compiled vanilla run")
+    p.add_argument("--fused-kernel", choices=["flex", "sdpa"],
+                   help="ask structural plug-ins for this fused kernel (default: the toolkit's choice)")
     args = p.parse_args(argv)
 
     import torch
@@ -202,8 +215,16 @@ def main(argv: list[str] | None = None) -> int:
 
     rows, beam_rows = [], []
     for case in cases:
+        bf16_model = None
         for precision in ("bf16", "fp16"):
-            result = train_case(case, precision, data, vocab, device, args.updates, size)
+            try:
+                result = train_case(case, precision, data, vocab, device, args.updates, size,
+                                    fused_kernel=args.fused_kernel)
+            except Exception as err:  # one method's failure must not hide the others'
+                failures.append(f"{case} {precision}: {_last_line(err)}")
+                rows.append([case, precision, "**error**", "", "", "", ""])
+                print(f"{case} {precision}: error: {_last_line(err)}", flush=True)
+                continue
             failures += [f"{case} {precision}: {problem}" for problem in result["problems"]]
             rows.append([case, precision, f"{args.updates / result['seconds']:.1f}", result["skipped"],
                          f"{result['first_loss']:.2f} → {result['last_loss']:.2f}",
@@ -212,12 +233,20 @@ def main(argv: list[str] | None = None) -> int:
             print(" | ".join(str(c) for c in rows[-1]), flush=True)
             if precision == "bf16":
                 bf16_model = result["model"]
-        for precision, (share, lines) in beam_agreement(bf16_model, data, device, ("fp32", "bf16")).items():
+        if bf16_model is None:
+            continue
+        try:
+            agreement = beam_agreement(bf16_model, data, device, ("fp32", "bf16"))
+        except Exception as err:
+            failures.append(f"{case}: beam search: {_last_line(err)}")
+            continue
+        for precision, (share, lines) in agreement.items():
             beam_rows.append([case, precision, f"{share:.1%} of {lines}"])
             if precision == "fp32" and share < 0.95:
                 failures.append(f"{case}: GPU beam search equals the CPU's on {share:.1%} of lines only")
 
-    if not args.cpu:  # the default on a GPU (training.compile: auto) compiles forward and loss: once here
+    # the default on a GPU (training.compile: auto) compiles forward and loss: once here
+    if not args.cpu and not args.no_compiled:
         result = train_case("vanilla", "bf16", data, vocab, device, args.updates, size, compiled=True)
         failures += [f"vanilla bf16 compiled: {problem}" for problem in result["problems"]]
         rows.append(["vanilla (compiled)", "bf16", f"{args.updates / result['seconds']:.1f}", result["skipped"],

@@ -34,3 +34,13 @@ def test_the_dry_run_goes_through_every_step(tmp_path):
     report = (tmp_path / "gpu_smoke.md").read_text()
     assert "| dbsa | fp16 | " in report and re.search(r"\| dbsa \| bf16 \| [\d.]+% of 16 \|", report)
     assert "all checks passed" in report  # DDP (--ddp-cpu 2) is left out: two more processes, ~30 s here
+
+
+@pytest.mark.slow
+def test_a_case_that_raises_is_reported_and_the_others_still_run(tmp_path):
+    # the first GPU run stopped at its fourth method on a compiler error and reported nothing
+    done = smoke("--cpu", "--updates", "2", "--only", "no_such_case,vanilla", "--out", str(tmp_path))
+    assert done.returncode == 1
+    report = (tmp_path / "gpu_smoke.md").read_text()
+    assert "| no_such_case | bf16 | **error** |" in report and "| vanilla | fp16 | " in report
+    assert "FAILED: no_such_case bf16: " in report and "FAILED: vanilla" not in report
