@@ -143,11 +143,14 @@ def run_block(variant: Variant, dataset: Any, batches: list, sync: bool = False)
     import torch
 
     from structnmt.data.batching import collate
+    from structnmt.training.compiled import length_multiple
 
+    # lengths padded as the trainer pads them (training.pad_to_multiple: 8 when compiled on CUDA)
+    multiple = length_multiple(0, variant.updater.compiled, variant.updater.device)
     started = time.perf_counter()
     tokens = 0
     for indices in batches:
-        stats = variant.updater.update([collate(dataset, indices, variant.fields)])
+        stats = variant.updater.update([collate(dataset, indices, variant.fields, multiple)])
         tokens += stats.tokens
     if sync and torch.cuda.is_available():
         torch.cuda.synchronize()

@@ -65,6 +65,7 @@ def train_case(case: str, precision: str, data: Path, vocab: int, device: Any, u
     import torch
 
     from structnmt.model.attention import MultiHeadAttention
+    from structnmt.training.compiled import length_multiple
     from tests.registry_cases import batches, make_model
 
     torch.manual_seed(1)
@@ -73,7 +74,9 @@ def train_case(case: str, precision: str, data: Path, vocab: int, device: Any, u
         if isinstance(module, MultiHeadAttention):
             module.fused_kernel = fused_kernel
     updater = _updater(model, precision, device, compiled=compiled)
-    train = batches(data, "train", model, max_tokens=2048)
+    # lengths padded as the trainer pads them (8 for compiled training on CUDA: training.pad_to_multiple)
+    train = batches(data, "train", model, max_tokens=2048,
+                    multiple=length_multiple(0, updater.compiled, torch.device(device)))
     if device.type == "cuda":
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats(device)
@@ -124,8 +127,8 @@ def beam_agreement(model: Any, data: Path, device: Any, precisions: tuple[str, .
     return {precision: (same[precision] / max(total, 1), total) for precision in precisions}
 
 
-def _last_line(err: BaseException) -> str:
-    """An exception in one line: the compilers' messages run to pages."""
+def _one_line(err: BaseException) -> str:
+    """An exception in one line (its first): the compilers' messages run to pages."""
     lines = [line for line in str(err).splitlines() if line.strip()]
     return f"{type(err).__name__}: {lines[0][:300] if lines else ''}"
 
@@ -221,9 +224,9 @@ def main(argv: list[str] | None = None) -> int:
                 result = train_case(case, precision, data, vocab, device, args.updates, size,
                                     fused_kernel=args.fused_kernel)
             except Exception as err:  # one method's failure must not hide the others'
-                failures.append(f"{case} {precision}: {_last_line(err)}")
+                failures.append(f"{case} {precision}: {_one_line(err)}")
                 rows.append([case, precision, "**error**", "", "", "", ""])
-                print(f"{case} {precision}: error: {_last_line(err)}", flush=True)
+                print(f"{case} {precision}: error: {_one_line(err)}", flush=True)
                 continue
             failures += [f"{case} {precision}: {problem}" for problem in result["problems"]]
             rows.append([case, precision, f"{args.updates / result['seconds']:.1f}", result["skipped"],
@@ -238,7 +241,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             agreement = beam_agreement(bf16_model, data, device, ("fp32", "bf16"))
         except Exception as err:
-            failures.append(f"{case}: beam search: {_last_line(err)}")
+            failures.append(f"{case}: beam search: {_one_line(err)}")
             continue
         for precision, (share, lines) in agreement.items():
             beam_rows.append([case, precision, f"{share:.1%} of {lines}"])
@@ -247,17 +250,27 @@ def main(argv: list[str] | None = None) -> int:
 
     # the default on a GPU (training.compile: auto) compiles forward and loss: once here
     if not args.cpu and not args.no_compiled:
-        result = train_case("vanilla", "bf16", data, vocab, device, args.updates, size, compiled=True)
-        failures += [f"vanilla bf16 compiled: {problem}" for problem in result["problems"]]
-        rows.append(["vanilla (compiled)", "bf16", f"{args.updates / result['seconds']:.1f}", result["skipped"],
-                     f"{result['first_loss']:.2f} → {result['last_loss']:.2f}", "", common.mib(result["peak"])])
+        try:
+            result = train_case("vanilla", "bf16", data, vocab, device, args.updates, size, compiled=True)
+            failures += [f"vanilla bf16 compiled: {problem}" for problem in result["problems"]]
+            rows.append(["vanilla (compiled)", "bf16", f"{args.updates / result['seconds']:.1f}", result["skipped"],
+                         f"{result['first_loss']:.2f} → {result['last_loss']:.2f}", "", common.mib(result["peak"])])
+        except Exception as err:
+            failures.append(f"vanilla bf16 compiled: {_one_line(err)}")
+            rows.append(["vanilla (compiled)", "bf16", "**error**", "", "", "", ""])
     sections = [("Training: every method, bf16 and fp16 (loss scaler)", common.markdown_table(
         ["case", "precision", "updates/s", "skipped", "loss first → last", "fp16 scale", "peak memory"], rows)),
         ("Beam search on the device against fp32 on the CPU", common.markdown_table(
             ["case", "device precision", "identical lines"], beam_rows))]
     world = torch.cuda.device_count() if not args.cpu else args.ddp_cpu
+    prints: dict | None = None
     if world > 1:
-        prints = run_ddp(data, vocab, world, not args.cpu, 20 if not args.cpu else 2, size)
+        try:
+            prints = run_ddp(data, vocab, world, not args.cpu, 20 if not args.cpu else 2, size)
+        except Exception as err:
+            failures.append(f"DDP: {_one_line(err)}")
+            sections.append(("DDP", f"failed: {_one_line(err)}"))
+    if prints is not None:
         for case in ("vanilla", "dbsa"):
             values = {rank: prints[rank][case] for rank in sorted(prints)}
             if len(set(values.values())) != 1:
@@ -266,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
         sections.append((f"DDP over {world} processes ({backend})", common.markdown_table(
             ["case", "parameter sum per rank"], [[c, ", ".join(f"{prints[r][c]:.6f}" for r in sorted(prints))]
                                                  for c in ("vanilla", "dbsa")])))
-    else:
+    elif world <= 1:
         sections.append(("DDP", "not run: one device"))
     elapsed = time.perf_counter() - started
     if not args.cpu and elapsed > BUDGET_S:

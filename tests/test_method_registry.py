@@ -119,6 +119,21 @@ def test_padding_lengths_to_a_multiple_of_8_changes_no_loss_and_no_gradient(data
         torch.testing.assert_close(padded_grads[name], short_grads[name], rtol=1e-4, atol=1e-6, msg=name)
 
 
+def test_padding_stops_at_the_models_positions(dataset):
+    """A length rounded up to 8 must not pass ``model.max_positions`` (the positional table's size)."""
+    from structnmt.data.batching import collate
+    from structnmt.data.dataset import ParallelDataset
+
+    data = ParallelDataset(dataset, "train")
+    longest = max(range(len(data)), key=lambda i: len(data.side_arrays(i, "src")["ids"]))
+    n = len(data.side_arrays(longest, "src")["ids"]) + 1  # with its EOS
+    assert n % 8, "the synthetic task's longest source must not be a multiple of 8 for this test"
+    fields = {"src": {"valid"}, "tgt": {"valid"}}
+    assert collate(data, [longest], fields, 8).src.size(1) == -(-n // 8) * 8
+    assert collate(data, [longest], fields, 8, limit=n).src.size(1) == n  # capped: the model reads n positions
+    assert collate(data, [longest], fields, 8, limit=n - 1).src.size(1) == n  # never shorter than the sentence
+
+
 RECIPES = sorted(p.name for p in (ROOT / "configs").glob("*.yaml"))
 
 

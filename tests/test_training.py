@@ -71,9 +71,9 @@ def make_trainer(cfg, data_dir: Path | str, cls: type[Trainer] = Trainer,
 class SlowTrainer(Trainer):
     """Slows each batch down so that a test can kill the process between steps."""
 
-    def collate(self, dataset, indices, fields):
+    def collate(self, dataset, indices, fields, pad=False):
         time.sleep(0.03)
-        return super().collate(dataset, indices, fields)
+        return super().collate(dataset, indices, fields, pad)
 
 
 @pytest.fixture(scope="module")

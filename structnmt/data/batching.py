@@ -109,11 +109,12 @@ def _collate_arrays(
     indices: Sequence[int],
     fields: Mapping[str, set[str]],
     multiple: int = 1,
+    limit: int = 0,
 ) -> Batch:
     """The one collation: per-example stored arrays -> padded ``Batch``, each side's length (with
-    its EOS) rounded up to ``multiple``."""
+    its EOS) rounded up to ``multiple`` but not past ``limit`` (the model's positions; 0: none)."""
     src_len = [len(a["ids"]) for a in src]
-    Ls = _round_up(max(src_len) + 1, multiple)
+    Ls = _padded_length(max(src_len) + 1, multiple, limit)
     src_ids = torch.full((len(src), Ls), PAD_ID, dtype=torch.long)
     for b, (arrays, n) in enumerate(zip(src, src_len)):
         src_ids[b, :n] = torch.from_numpy(np.asarray(arrays["ids"], dtype=np.int64))
@@ -122,7 +123,7 @@ def _collate_arrays(
     tgt_in = tgt_out = None
     if tgt is not None:
         tgt_len = [len(a["ids"]) for a in tgt]
-        Lt = _round_up(max(tgt_len) + 1, multiple)
+        Lt = _padded_length(max(tgt_len) + 1, multiple, limit)
         tgt_in = torch.full((len(tgt), Lt), PAD_ID, dtype=torch.long)
         tgt_out = torch.full((len(tgt), Lt), PAD_ID, dtype=torch.long)
         for b, (arrays, n) in enumerate(zip(tgt, tgt_len)):
@@ -136,19 +137,21 @@ def _collate_arrays(
     return Batch(src=src_ids, tgt_in=tgt_in, tgt_out=tgt_out, struct=struct, index=index)
 
 
-def _round_up(length: int, multiple: int) -> int:
-    return -(-length // multiple) * multiple
+def _padded_length(length: int, multiple: int, limit: int) -> int:
+    padded = -(-length // multiple) * multiple
+    return max(length, min(padded, limit)) if limit else padded
 
 
 def collate(dataset: ParallelDataset, indices: Sequence[int] | np.ndarray,
-            fields: Mapping[str, set[str]], multiple: int = 1) -> Batch:
+            fields: Mapping[str, set[str]], multiple: int = 1, limit: int = 0) -> Batch:
     """A ``Batch`` of the stored examples ``indices``; ``fields[side]`` are the structure
     fields methods asked for (``valid`` is always there). No target stored: no tgt tensors.
-    ``multiple``: lengths padded up to a multiple of it (``training.pad_to_multiple``)."""
+    ``multiple``: lengths padded up to a multiple of it (``training.pad_to_multiple``), never
+    past ``limit`` (``model.max_positions``)."""
     indices = [int(i) for i in indices]
     src = [dataset.side_arrays(i, "src") for i in indices]
     tgt = [dataset.side_arrays(i, "tgt") for i in indices] if dataset.has_target else None
-    return _collate_arrays(src, tgt, indices, fields, multiple)
+    return _collate_arrays(src, tgt, indices, fields, multiple, limit)
 
 
 def collate_examples(examples: Sequence[Example], fields: Mapping[str, set[str]],

@@ -14,7 +14,8 @@ or step by step with the explicit (B, H, I, J) score and weight matrices (``"exp
 * A layer whose plug-ins only change queries/keys or add a ``bias`` takes SDPA, as before.
 * A layer with *structural* plug-ins (a ``scores`` or ``probs`` hook that has a fused form:
   ``additive``, ``score_mod``, ``prob_scale``, see ``AttentionPlugin``) takes a fused route where
-  one can run: SDPA with a float mask on CUDA (and on the CPU under ``fused``). FlexAttention is
+  one can run: SDPA with a float mask on CUDA (and on the CPU under ``fused``) where every plug-in
+  has an ``additive`` or ``prob_scale`` form, else the explicit route. FlexAttention is
   taken only where a layer's ``fused_kernel`` asks for it: on an H100 with torch 2.11 (2026-11-26,
   docs/benchmarks.md, GPU smoke test) its compiled kernel for Deps-SAN's Wink mask asked for more
   shared memory than the GPU has, and it cannot compile heads narrower than 16, so it is not a

@@ -13,8 +13,9 @@ keys and a checkpoint resumes in either mode. Three choices keep it exact and ch
   recompiling per shape (recompilations are counted and logged);
 * on CUDA, batch lengths padded to a multiple of 8 (``training.pad_to_multiple``, see
   :func:`length_multiple`): inductor's GPU kernels guard on ``length % 8``, and without the
-  padding a Multi30k run compiled four graphs in its first 200 updates instead of two (H100,
-  torch 2.11, 2026-11-26: 19, 40, 27 and 28 s of compiling);
+  padding a Multi30k run compiled five graphs, one static and one per combination of aligned
+  and unaligned source and target lengths (H100, torch 2.11, 2026-11-26: 19 to 40 s each);
+  padded, two are expected;
 * where compiling fails (no C++ compiler for inductor's CPU kernels, an unsupported platform),
   the update runs eagerly and one line says why.
 

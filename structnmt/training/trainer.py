@@ -119,7 +119,6 @@ class Trainer:
         self.fields = needs() if needs is not None else {"src": set(), "tgt": set()}
         self.updater = Updater(model, self.t, self.device, self.ctx,
                                find_unused_parameters=bool(cfg.model.methods))
-        self.pad_multiple = length_multiple(self.t.pad_to_multiple, self.updater.compiled, self.device)
         self.progress = Progress()
         self.compiles = 0  # graphs torch.compile built in this call (warm-up and recompilations)
         self._signal: int | None = None
@@ -134,10 +133,15 @@ class Trainer:
             epoch=epoch, num_shards=self.ctx.world_size if shard else 1, shard=self.ctx.rank if shard else 0,
         )
 
-    def collate(self, dataset: Any, indices: np.ndarray, fields: dict[str, set[str]]) -> Batch:
+    def collate(self, dataset: Any, indices: np.ndarray, fields: dict[str, set[str]], pad: bool = False) -> Batch:
+        """``pad``: lengths rounded up as ``training.pad_to_multiple`` says (training updates only:
+        validation runs eagerly and keeps its batches as they are)."""
         from structnmt.data.batching import collate
 
-        return collate(dataset, indices, fields, self.pad_multiple)
+        if not pad:
+            return collate(dataset, indices, fields)
+        multiple = length_multiple(self.t.pad_to_multiple, self.updater.compiled, self.device)
+        return collate(dataset, indices, fields, multiple, self.cfg.model.max_positions)
 
     # -- batches ----------------------------------------------------------------
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
@@ -331,7 +335,7 @@ class Trainer:
                 status = "max_epochs"
                 break
             update_began = time.monotonic()
-            stats = self.updater.update([self.collate(self.train_set, idx, self.fields) for idx in group])
+            stats = self.updater.update([self.collate(self.train_set, idx, self.fields, pad=True) for idx in group])
             p.tokens += stats.tokens
             self._log_compilation(log, stats, time.monotonic() - update_began, window)
             if stats.applied:
