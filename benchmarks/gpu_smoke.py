@@ -263,24 +263,23 @@ def main(argv: list[str] | None = None) -> int:
         ("Beam search on the device against fp32 on the CPU", common.markdown_table(
             ["case", "device precision", "identical lines"], beam_rows))]
     world = torch.cuda.device_count() if not args.cpu else args.ddp_cpu
-    prints: dict | None = None
-    if world > 1:
+    if world <= 1:
+        sections.append(("DDP", "not run: one device"))
+    else:
         try:
             prints = run_ddp(data, vocab, world, not args.cpu, 20 if not args.cpu else 2, size)
         except Exception as err:
             failures.append(f"DDP: {_one_line(err)}")
             sections.append(("DDP", f"failed: {_one_line(err)}"))
-    if prints is not None:
-        for case in ("vanilla", "dbsa"):
-            values = {rank: prints[rank][case] for rank in sorted(prints)}
-            if len(set(values.values())) != 1:
-                failures.append(f"DDP {case}: the ranks' parameters differ: {values}")
-        backend = "gloo" if args.cpu else "NCCL"
-        sections.append((f"DDP over {world} processes ({backend})", common.markdown_table(
-            ["case", "parameter sum per rank"], [[c, ", ".join(f"{prints[r][c]:.6f}" for r in sorted(prints))]
-                                                 for c in ("vanilla", "dbsa")])))
-    elif world <= 1:
-        sections.append(("DDP", "not run: one device"))
+        else:
+            for case in ("vanilla", "dbsa"):
+                values = {rank: prints[rank][case] for rank in sorted(prints)}
+                if len(set(values.values())) != 1:
+                    failures.append(f"DDP {case}: the ranks' parameters differ: {values}")
+            backend = "gloo" if args.cpu else "NCCL"
+            sections.append((f"DDP over {world} processes ({backend})", common.markdown_table(
+                ["case", "parameter sum per rank"],
+                [[c, ", ".join(f"{prints[r][c]:.6f}" for r in sorted(prints))] for c in ("vanilla", "dbsa")])))
     elapsed = time.perf_counter() - started
     if not args.cpu and elapsed > BUDGET_S:
         failures.append(f"took {elapsed:.0f} s, over the {BUDGET_S} s budget")

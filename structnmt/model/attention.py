@@ -262,23 +262,25 @@ class MultiHeadAttention(nn.Module):
         """Which route this call takes: ``"explicit"``, ``"sdpa"`` or ``"flex"`` (module docstring)."""
         if ctx.wants("probs") or self.prefers_explicit(q) or any(p.explicit for p in self.plugins):
             return "explicit"
-        struct = self._structural
-        if not struct and self.fused_kernel != "flex":
-            return "sdpa"  # queries/keys hooks and biases: the fused kernel as it always was
         device = q.device.type
-        if struct and self.kernel == "auto" and device == "cpu" and self.fused_kernel is None:
+        if self.fused_kernel == "flex" and self._flex_runs(q, k, v, device):
+            return "flex"
+        if not self._structural:
+            return "sdpa"  # queries/keys hooks and biases: the fused kernel as it always was
+        if self.kernel == "auto" and device == "cpu" and self.fused_kernel is None:
             return "explicit"  # no faster on the CPU at NMT lengths: today's numerics stay
+        return "sdpa" if self._all_sdpa else "explicit"
+
+    def _flex_runs(self, q: Tensor, k: Tensor, v: Tensor, device: str) -> bool:
+        """Whether FlexAttention, asked for, can run this call (asked only then: the gradient scan
+        below would otherwise cost every call, the decoder's steps included)."""
+        if not (flex_available() and self._all_flex) or (self.training and self.dropout > 0.0):
+            return False  # FlexAttention has no dropout
+        if device == "cuda":
+            return self.d_head >= FLEX_MIN_HEAD_DIM  # the compiled kernel's limit
         grad = torch.is_grad_enabled() and (any(t.requires_grad for t in (q, k, v))
                                             or any(p.requires_grad for p in self.plugins.parameters()))
-        flex = (flex_available() and self._all_flex
-                and (device == "cuda" or (device == "cpu" and not grad))  # no backward on the CPU
-                and (device != "cuda" or self.d_head >= FLEX_MIN_HEAD_DIM)  # the compiled kernel's limit
-                and not (self.training and self.dropout > 0.0))  # FlexAttention has no dropout
-        if self.fused_kernel == "flex" and flex:
-            return "flex"
-        if not struct:
-            return "sdpa"
-        return "sdpa" if self._all_sdpa else "explicit"
+        return device == "cpu" and not grad  # no backward on the CPU
 
     def prefers_explicit(self, q: Tensor) -> bool:
         if self.kernel == "auto":
