@@ -474,6 +474,16 @@ def test_threads_per_run_never_oversubscribe_the_cores(monkeypatch):
     assert executors.threads_per_run(0, 4) == 1
 
 
+def test_a_run_trains_with_the_threads_its_executor_chose_after_loading(recipes, tmp_path):
+    # the local executor passes each worker its share of the cores; the study file's own count
+    # (here 2) was already in the configs cached while the file was checked
+    study = load_study(_study_file(tmp_path, recipes, executor={"kind": "local", "jobs": 1, "threads": 2}))
+    assert study.run_config("pascal", 1).training.threads == 2
+    study.executor.threads = 1
+    assert study.run_config("pascal", 1).training.threads == 1
+    assert study.run_config("vanilla", 2).training.threads == 1
+
+
 def test_the_summary_table_marks_verdicts_and_gaps_to_the_baseline():
     from structnmt.study.report import summary_legend, summary_lines
 

@@ -207,19 +207,22 @@ class Study(StudyFile):
     def run_config(self, recipe: str, seed: int) -> ExperimentConfig:
         """The recipe's config with the study's and the recipe's overrides, its seed and the
         study's fixed update budget. Read once per study object (a report asks for each run's
-        several times, and reading the YAML chain was a quarter of its time); a copy each call."""
+        several times, and reading the YAML chain was a quarter of its time); a copy each call.
+        The thread count is set on the copy: a worker learns its share of the cores after the
+        study file was loaded (and its configs cached), and it must train with that share."""
         cache = self.__dict__.setdefault("_run_configs", {})
         if (recipe, seed) not in cache:
             cache[recipe, seed] = self._read_run_config(recipe, seed)
-        return copy.deepcopy(cache[recipe, seed])
+        cfg = copy.deepcopy(cache[recipe, seed])
+        if self.executor.threads:
+            cfg.training.threads = self.executor.threads
+        return cfg
 
     def _read_run_config(self, recipe: str, seed: int) -> ExperimentConfig:
         r = self.recipe(recipe)
         overrides = {**self.overrides, **r.overrides,
                      "training.seed": seed, "training.max_steps": self.max_steps, "training.max_minutes": 0,
                      "training.out_dir": str(self.run_dir(recipe, seed)), "training.progress": False}
-        if self.executor.threads:
-            overrides["training.threads"] = self.executor.threads
         import structnmt.model.methods  # noqa: F401 (the registry the recipes' method entries are typed by)
 
         return load_config(r.config, overrides)
