@@ -330,6 +330,18 @@ def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_
     gap = statistics.mean(pascal) - statistics.mean(r["bleu"] for r in records)
     assert float(gaps.split(" | ")[2]) == pytest.approx(gap, abs=0.006)
 
+    # two records of one run: a copy of vanilla's seed 1 is the same run (every line the same, no
+    # gap); its seeds 1 and 2 as the yardstick, each with its own recorded BLEU
+    import compare_records
+
+    shutil.copytree(study.record_dir("vanilla", 1), tmp_path / "copy")
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert compare_records.main([str(path), "vanilla", "1", str(tmp_path / "copy"), "--seed-of", "1", "2"]) == 0
+    same, seeds = [line for line in out.getvalue().splitlines() if line.startswith("test:")]
+    assert "B − A +0.00," in same and "identical lines 24 of 24 (100%)" in same
+    assert f"A {records[0]['bleu']:.2f}, B {records[1]['bleu']:.2f}," in seeds
+
 
 def _step(run_dir: Path) -> int:
     log = run_dir / "log.jsonl"
