@@ -22,13 +22,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from structnmt.evaluation.significance import format_p, paired_bootstrap  # noqa: E402
-from structnmt.study.report import split_references  # noqa: E402
+from structnmt.study.report import hypothesis_lines, split_references  # noqa: E402
 from structnmt.study.spec import load_study  # noqa: E402
-
-
-def _lines(path: Path) -> list[str]:
-    text = path.read_text(encoding="utf-8")
-    return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
 
 
 def compare(study, recipe: str, seed: int, a: Path, b: Path, label: str) -> None:
@@ -43,7 +38,7 @@ def compare(study, recipe: str, seed: int, a: Path, b: Path, label: str) -> None
         if refs is None:
             print(f"{test}: no references on this machine ({where})")
             continue
-        hyp_a, hyp_b = _lines(a / "hyps" / f"{test}.hyp"), _lines(b / "hyps" / f"{test}.hyp")
+        hyp_a, hyp_b = hypothesis_lines(a, test), hypothesis_lines(b, test)
         result = paired_bootstrap(hyp_a, hyp_b, [refs])
         same = sum(x == y for x, y in zip(hyp_a, hyp_b))
         print(f"{test}: A {result.baseline_score:.2f}, B {result.system_score:.2f}, "

@@ -92,10 +92,14 @@ def references_mismatch(record: dict[str, Any], test: str, refs: list[str], hyps
     return None if abs(bleu - scores["bleu"]) < 1e-9 else f"they give BLEU {bleu:.2f}, the record {scores['bleu']:.2f}"
 
 
+def hypothesis_lines(record_dir: Path, test: str) -> list[str]:
+    """A record's hypotheses of one test set, lines as written (an empty line stays a line)."""
+    text = (record_dir / "hyps" / f"{test}.hyp").read_text(encoding="utf-8")
+    return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
+
+
 def run_hypotheses(study: Study, recipe: str, seed: int, test: str) -> list[str]:
-    path = study.record_dir(recipe, seed) / "hyps" / f"{test}.hyp"
-    text = path.read_text(encoding="utf-8")
-    return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")  # lines as written
+    return hypothesis_lines(study.record_dir(recipe, seed), test)
 
 
 def collect(study: Study) -> dict[str, Any]:
