@@ -52,17 +52,21 @@ def dataset_labels(dataset_dir: Path) -> list[str]:
     return meta.get("labels") or []
 
 
-def dataset_of_checkpoint(checkpoint: Path, config: dict[str, Any]) -> Path:
-    """The dataset a checkpoint was trained on, as its config names it.
+def dataset_of_checkpoint(checkpoint: Path, config: dict[str, Any],
+                          vocab: dict[str, Any] | None = None) -> Path:
+    """The dataset a checkpoint was trained on, found from the run, not from the current directory.
 
-    ``data.dir`` is relative to where training ran; when that is not the current directory
-    but the checkpoint still sits in its run directory (``training.out_dir``), the dataset is
-    looked for relative to the directory the run directory was named from."""
+    ``data.dir`` is relative to where training ran. Looked for, in order: relative to the
+    directory the run directory was named from (while the checkpoint still sits in its
+    ``training.out_dir``, so a moved or copied project keeps working); the absolute path
+    training recorded (``vocab.dataset``); and only then relative to the current directory
+    (checkpoints moved out of their run). A user's own ``./demo/dataset`` must never stand in
+    for a test's or another project's dataset of the same relative name."""
     data = config.get("data") or {}
     if not data.get("dir"):
         raise CheckpointError(f"{checkpoint}: the checkpoint names no dataset; give the dataset directory")
     named = Path(data["dir"])
-    if named.is_absolute() or (named / "meta.json").exists():
+    if named.is_absolute():
         return named
     out_dir = Path((config.get("training") or {}).get("out_dir", ""))
     run = checkpoint.resolve().parent
@@ -70,6 +74,9 @@ def dataset_of_checkpoint(checkpoint: Path, config: dict[str, Any]) -> Path:
         root = run.parents[len(out_dir.parts) - 1]
         if (root / named / "meta.json").exists():
             return root / named
+    recorded = (vocab or {}).get("dataset")
+    if isinstance(recorded, str) and (Path(recorded) / "meta.json").exists():
+        return Path(recorded)
     return named
 
 
@@ -85,7 +92,8 @@ def load_translator(checkpoint: str | Path, device: str | torch.device | None = 
     checkpoint = Path(checkpoint)
     target = resolve_device(device)
     if dataset is None:
-        dataset = dataset_of_checkpoint(checkpoint, load_checkpoint(checkpoint).get("config") or {})
+        state = load_checkpoint(checkpoint)
+        dataset = dataset_of_checkpoint(checkpoint, state.get("config") or {}, state.get("vocab"))
     model, cfg, info = load_model(checkpoint, target, dataset_dir=dataset)
     return Translator(model, cfg, Preprocessor.from_dataset(dataset), Path(dataset), target, info)
 

@@ -365,7 +365,7 @@ class MultiHeadAttention(nn.Module):
         allowed = self._allowed(key_padding, causal, q.size(2), k.size(2), q.device)
         if allowed is not None:
             s = s.masked_fill(~allowed, float("-inf"))
-        a = torch.softmax(s.float(), dim=-1).to(q.dtype)
+        a = torch.softmax(s.to(torch.promote_types(s.dtype, torch.float32)), dim=-1).to(q.dtype)
         for plugin in self.plugins:
             a = plugin.probs(a, ctx)
         ctx.record("probs", a)

@@ -17,7 +17,7 @@ def label_smoothed_nll(logits: Tensor, target: Tensor, epsilon: float,
     trainer divides by the number of target tokens of the whole (possibly distributed)
     batch, which keeps gradient accumulation and DDP exact.
     """
-    lprobs = torch.log_softmax(logits.float(), dim=-1)
+    lprobs = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     mask = target.ne(ignore_index)
     gold = target.masked_fill(~mask, 0).unsqueeze(-1)
     nll = -lprobs.gather(-1, gold).squeeze(-1)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import platform
 import subprocess
 import time
@@ -46,6 +47,25 @@ def cpu_info() -> dict[str, Any]:
     with contextlib.suppress(Exception):
         capability = torch.backends.cpu.get_cpu_capability()
     return {"model": model, "isa": capability, "simd": [f for f in SIMD_FLAGS if f in flags]}
+
+
+def machine() -> dict[str, Any]:
+    """The cores this process may use, the memory and the accelerator: what besides the CPU
+    model decides how fast a run went and which kernels it ran."""
+    import torch
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    memory = None
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                memory = round(int(line.split()[1]) / 2**20, 1)  # kB to GiB
+                break
+    gpu = None
+    with contextlib.suppress(Exception):
+        if torch.cuda.is_available():
+            gpu = torch.cuda.get_device_name(torch.cuda.current_device())
+    return {"cores": cores, "memory_gib": memory, "gpu": gpu}
 
 
 def versions() -> dict[str, str | None]:
@@ -110,11 +130,13 @@ def trees_digest(data_dir: str | Path) -> dict[str, str] | None:
 
 
 def start_call(run_dir: Path, threads: int, from_step: int) -> None:
-    """Note a call that trains the run: from which step and with how many threads."""
+    """Note a call that trains the run: from which step, with how many threads, on which machine
+    and commit (a resumed run may have trained on two)."""
     import socket
 
     entry = {"from_step": from_step, "threads": threads, "host": socket.gethostname(),
-             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "cpu": cpu_info()["model"], **machine(),
+             "git_commit": git_commit()}
     with open(run_dir / CALLS_FILE, "a", encoding="utf-8") as handle:
         handle.write(json.dumps(entry) + "\n")
 

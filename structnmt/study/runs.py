@@ -37,6 +37,7 @@ from structnmt.study.provenance import (
     cpu_info,
     git_commit,
     lines_digest,
+    machine,
     read_calls,
     resume_step,
     start_call,
@@ -292,6 +293,12 @@ def _tail(path: Path, n: int = LOG_TAIL) -> list[str]:
         return [line.rstrip("\n") for line in handle.readlines()[-n:]]
 
 
+def _trained_threads(run_dir: Path) -> int:
+    """The threads of the last call that trained the run (a resumed run notes one call each)."""
+    calls = [c for c in read_calls(run_dir) if isinstance(c.get("threads"), int) and c["threads"] > 0]
+    return calls[-1]["threads"] if calls else _torch_threads()
+
+
 def write_failure(study: Study, recipe: str, seed: int, error: str, log: Path | None) -> None:
     record_dir = study.record_dir(recipe, seed)
     cfg_digest = None
@@ -437,7 +444,9 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
         "updates": summary["step"], "epochs": summary["epoch"], "status": summary["status"],
         "train_seconds": summary["train_seconds"], "test_seconds": round(test_seconds, 1),
         "device": run_info.get("device"), "precision": run_info.get("precision"), "cpu": _cpu_name(),
-        "threads": cfg.training.threads, "host": socket.gethostname(), "torch": run_info.get("torch"),
+        # the threads it trained with (the config's 0 means "the executor's share": read the calls)
+        "threads": cfg.training.threads or _trained_threads(run_dir), **machine(),
+        "host": socket.gethostname(), "torch": run_info.get("torch"),
         "structnmt": run_info.get("structnmt"), "sacrebleu": run_info.get("sacrebleu"),
         "parameters": run_info.get("parameters"),
         # what a reader needs to redo the run (see structnmt.study.provenance)

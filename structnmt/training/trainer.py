@@ -485,7 +485,8 @@ def train(cfg: ExperimentConfig, resume: bool = False,
             if split is not None:
                 check_lengths(split, cfg.model.max_positions)
         vocab = {"src_vocab_size": src_vocab, "tgt_vocab_size": tgt_vocab,
-                 "fingerprint": dataset_fingerprint(cfg.data.dir)}
+                 "fingerprint": dataset_fingerprint(cfg.data.dir),
+                 "dataset": str(Path(cfg.data.dir).resolve())}  # found from the run, not the cwd
         trainer = Trainer(cfg, model, train_set, valid_set, decode=pre.decode, vocab=vocab, ctx=ctx,
                           device=device)
         return trainer.run(resume=resume)

@@ -45,6 +45,7 @@ from structnmt.model.methods.base import (
     Site,
     register,
 )
+from structnmt.model.methods.shared import at_least_float32
 
 EPS = 1e-9  # floor for log A: a head can put (numerically) zero mass on the gold parent early in training
 
@@ -101,7 +102,7 @@ def dependency_nll(heads: Tensor, parent_first: Tensor, valid: Tensor, causal: b
     keep = valid[:, :i]
     if causal:
         keep = keep & (parent_first[:, :i] <= torch.arange(i, device=heads.device))
-    logp = picked.float().clamp_min(EPS).log()
+    logp = at_least_float32(picked).clamp_min(EPS).log()
     return -(logp * keep[:, None, :].to(logp.dtype)).sum()
 
 

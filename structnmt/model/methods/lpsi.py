@@ -60,6 +60,7 @@ from structnmt.model.methods.base import (
     Site,
     register,
 )
+from structnmt.model.methods.shared import at_least_float32
 
 ALPHA_FLOOR = 1e-6
 
@@ -117,7 +118,7 @@ class SyntacticGatePlugin(AttentionPlugin):
     def scores(self, s: Tensor, ctx: AttentionContext) -> Tensor:
         assert ctx.k is not None
         idx = self.head_index(s.device)
-        dist = self.distances(ctx.k.index_select(1, idx)).float()  # all key positions (cached ones too)
+        dist = at_least_float32(self.distances(ctx.k.index_select(1, idx)))  # all key positions (cached ones too)
         ctx.record("distance", dist)
         rows = torch.arange(ctx.q_offset, ctx.q_offset + s.size(2), device=s.device)
         gated = s.index_select(1, idx) + syntactic_gate_log(dist, rows, self.tau).to(s.dtype)
@@ -127,7 +128,7 @@ class SyntacticGatePlugin(AttentionPlugin):
         """What ``scores`` adds, for the fused kernels: ``log g`` on the gated heads, 0 on the others."""
         assert ctx.q is not None and ctx.k is not None
         idx = self.head_index(ctx.q.device)
-        dist = self.distances(ctx.k.index_select(1, idx)).float()
+        dist = at_least_float32(self.distances(ctx.k.index_select(1, idx)))
         ctx.record("distance", dist)
         rows = torch.arange(ctx.q_offset, ctx.q_offset + ctx.q.size(2), device=ctx.q.device)
         gate = syntactic_gate_log(dist, rows, self.tau).to(ctx.q.dtype)  # (B, H', I, J)
@@ -210,9 +211,9 @@ class LPSI(Method[LPSIParams]):
                     ("decoder", cross_layer - 1, "cross", "probs")]
             if not all(k in records for k in keys):
                 return {}
-            e = records[keys[0]].float().mean(1).masked_fill(pads["src"], 0.0)  # (B, I)
-            d = records[keys[1]].float().mean(1)  # (B, J)
-            c = records[keys[2]].float().mean(1)  # (B, J, I)
+            e = at_least_float32(records[keys[0]]).mean(1).masked_fill(pads["src"], 0.0)  # (B, I)
+            d = at_least_float32(records[keys[1]]).mean(1)  # (B, J)
+            c = at_least_float32(records[keys[2]]).mean(1)  # (B, J, I)
             term = synch_loss(d, c @ e.unsqueeze(-1), pads["tgt"], self.p.sync)
             total = term if total is None else total + term
         assert total is not None

@@ -18,6 +18,12 @@ from structnmt.errors import ConfigError
 from structnmt.model.methods.base import MethodParams
 
 
+def at_least_float32(t: Tensor) -> Tensor:
+    """``t`` in float32, or float64 if it is float64: sums of probabilities in bf16 lose too
+    much, and a float64 model (the exactness tests) must not be rounded to float32 midway."""
+    return t if t.dtype == torch.float64 else t.float()
+
+
 def normal_density(x: Tensor, variance: float) -> Tensor:
     """N(x; σ²) = exp(−x²/2σ²)/√(2πσ²), the weighting function of PASCAL, Deps-SAN and UDISCAL."""
     return torch.exp(-x.square() / (2.0 * variance)) / math.sqrt(2.0 * math.pi * variance)

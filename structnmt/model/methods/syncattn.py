@@ -26,6 +26,7 @@ from structnmt.errors import ConfigError
 from structnmt.method_config import resolve_heads
 from structnmt.model.methods.base import RecordKey, register
 from structnmt.model.methods.dbsa import DBSA, DBSAParams
+from structnmt.model.methods.shared import at_least_float32
 
 
 @dataclass
@@ -80,10 +81,10 @@ class SyncAttn(DBSA):
         enc_key, dec_key, cross_key = self._keys()
         if not all(k in records for k in (enc_key, dec_key, cross_key)):
             return {}
-        e = records[enc_key].float().mean(1)  # (B, I, I)
-        d = records[dec_key].float().mean(1)  # (B, J, J)
+        e = at_least_float32(records[enc_key]).mean(1)  # (B, I, I)
+        d = at_least_float32(records[dec_key]).mean(1)  # (B, J, J)
         idx = torch.tensor(self.sync_head_list, device=d.device)
-        c = records[cross_key].index_select(1, idx).float().mean(1)  # (B, J, I)
+        c = at_least_float32(records[cross_key].index_select(1, idx)).mean(1)  # (B, J, I)
         return {"syncattn": self.p.lambda_sync * sync_loss(e, d, c, pads["tgt"])}
 
 
