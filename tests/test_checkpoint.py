@@ -163,3 +163,26 @@ def test_no_temporary_files_survive_a_failed_write(tmp_path, monkeypatch):
         save_checkpoint(tmp_path / "a.pt", state(1))
     monkeypatch.undo()
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_runs_dataset_is_found_from_the_run_not_from_the_current_directory(tmp_path, monkeypatch):
+    """A user's own ``./demo/dataset`` (from ``structnmt demo``) must not stand in for the dataset
+    a checkpoint of another project was trained on under the same relative name."""
+    from structnmt.decoding.translator import dataset_of_checkpoint
+
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    for root in (project, elsewhere):
+        (root / "demo" / "dataset").mkdir(parents=True)
+        (root / "demo" / "dataset" / "meta.json").write_text("{}")
+    (project / "demo" / "run").mkdir()
+    config = {"data": {"dir": "demo/dataset"}, "training": {"out_dir": "demo/run"}}
+    monkeypatch.chdir(elsewhere)
+    found = dataset_of_checkpoint(project / "demo" / "run" / "best.pt", config)
+    assert found.resolve() == (project / "demo" / "dataset").resolve()
+    # a checkpoint copied out of its run: the absolute path training recorded, still not the cwd's
+    (tmp_path / "copied").mkdir()
+    vocab = {"dataset": str(project / "demo" / "dataset")}
+    found = dataset_of_checkpoint(tmp_path / "copied" / "best.pt", config, vocab)
+    assert found.resolve() == (project / "demo" / "dataset").resolve()
+    # nothing recorded and not in its run (an old checkpoint): the current directory, the last resort
+    assert dataset_of_checkpoint(tmp_path / "copied" / "best.pt", config) == Path("demo/dataset")
