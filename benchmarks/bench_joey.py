@@ -9,7 +9,8 @@ prepared (parse-free) dataset, the same joint 8k SentencePiece model (Joey's
 same pieces), the same architecture (3+3 pre-norm layers, d_model 256, 4 heads, ff 1024,
 tied embeddings and output layer, dropout 0.2), Adam with the same schedule, label
 smoothing and clipping, and 4096-token batches. Each toolkit is run as its own command
-(Joey NMT from a separate virtual environment the script builds) and measured from its own
+(Joey NMT from an interpreter that imports it, ``--joey-python`` or this one, else from a
+separate virtual environment the script builds) and measured from its own
 training log: the windows of ``--log-every`` updates after the first one (warm-up).
 
 Decoding is only fair between models that stop at the same time: an untrained model never
@@ -44,7 +45,11 @@ from bench_train import BASE_CONFIG, PLAIN_OVERRIDES, plain_dataset  # noqa: E40
 JOEY_ENV = common.ENVS / "joey"
 WORK = common.ENVS / "joey-run"
 TORCH_VERSION = "2.13.0"  # the torch of this project: pip finds the local CPU wheel (find-links)
-JOEY_PACKAGES = ["joeynmt==2.3.0", "importlib_metadata", "sentencepiece==0.2.0"]
+#: Joey 2.3.0 imports importlib_metadata without requiring it; 10.x needs lazy_importer, which
+#: nothing installs, so the pin stays below 10
+JOEY_PACKAGES = ["joeynmt==2.3.0", "importlib_metadata<10", "sentencepiece==0.2.0"]
+#: joeynmt.helpers imports importlib_metadata: a bare `import joeynmt` passes without it
+JOEY_CHECK = "import joeynmt, joeynmt.helpers, torch; print(joeynmt.__version__, torch.__version__)"
 
 
 # ---------------------------------------------------------------------------
@@ -55,13 +60,37 @@ def joey_python() -> Path:
     return JOEY_ENV / "bin" / "python"
 
 
-def ensure_joey_env() -> Path:
-    """A separate venv with Joey NMT 2.3.0 and a CPU torch (installing torch first keeps pip
-    from pulling a CUDA build for Joey's ``torch`` requirement)."""
+def joey_version(python: str | Path) -> str | None:
+    """"JOEY_VERSION TORCH_VERSION" when ``python`` imports joeynmt (and torch), else None."""
+    if not Path(python).exists() and shutil.which(str(python)) is None:
+        return None
+    result = common.run_command([str(python), "-c", JOEY_CHECK])
+    lines = result.output.strip().splitlines()
+    return lines[-1] if result.returncode == 0 and lines else None
+
+
+def find_joey_python(given: str | Path | None = None) -> Path | None:
+    """An interpreter that imports joeynmt, found without installing anything (a machine with
+    no network, such as a borrowed GPU): ``given`` alone when set, else this interpreter, else
+    the venv built by an earlier run; None when none does."""
+    candidates = [Path(given)] if given else [Path(sys.executable), joey_python()]
+    for python in candidates:
+        if joey_version(python):
+            return python
+    return None
+
+
+def ensure_joey_env(given: str | Path | None = None) -> Path:
+    """An interpreter with Joey NMT: ``given`` (``--joey-python``), else this interpreter when
+    it imports joeynmt, else ``benchmarks/envs/joey``, built on first use: a separate venv with
+    Joey NMT 2.3.0 and a CPU torch (installing torch first keeps pip from pulling a CUDA build
+    for Joey's ``torch`` requirement)."""
+    found = find_joey_python(given)
+    if found:
+        return found
+    if given:
+        sys.exit(f"error: {given} cannot import joeynmt (tried: {JOEY_CHECK})")
     python = joey_python()
-    check = [str(python), "-c", "import joeynmt, torch; print(joeynmt.__version__, torch.__version__)"]
-    if python.exists() and common.run_command(check).returncode == 0:
-        return python
     print(f"building {JOEY_ENV} (network and disk; a few minutes)", file=sys.stderr)
     steps = [[sys.executable, "-m", "venv", str(JOEY_ENV)],
              [str(python), "-m", "pip", "install", "-q", f"torch=={TORCH_VERSION}"],
@@ -70,11 +99,13 @@ def ensure_joey_env() -> Path:
         result = common.run_command(cmd)
         if result.returncode != 0:
             sys.exit(f"error: {' '.join(cmd)} failed:\n{result.output[-3000:]}")
+    if not joey_version(python):
+        sys.exit(f"error: {python} was built but cannot import joeynmt (tried: {JOEY_CHECK})")
     return python
 
 
 def write_joey_inputs(dataset: Path, work: Path, steps: int, log_every: int, decode_tokens: int,
-                      max_tokens: int, test_limit: int = 0) -> Path:
+                      max_tokens: int, test_limit: int = 0, test_split: str = "test_2016_flickr") -> Path:
     """Joey's data files (the prepared dataset's cleaned raw text), vocabulary and config."""
     import sentencepiece as spm
     import yaml
@@ -85,7 +116,7 @@ def write_joey_inputs(dataset: Path, work: Path, steps: int, log_every: int, dec
     m, t = base.model, base.training
     data = work / "data"
     data.mkdir(parents=True, exist_ok=True)
-    for split, limit in (("train", None), ("val", 20), ("test_2016_flickr", test_limit or None)):
+    for split, limit in (("train", None), ("val", 20), (test_split, test_limit or None)):
         for side, lang in (("src", "en"), ("tgt", "de")):
             lines = (dataset / split / f"raw.{side}.txt").read_text(encoding="utf-8").splitlines(keepends=True)
             (data / f"{split}.{lang}").write_text("".join(lines[:limit]), encoding="utf-8")
@@ -100,7 +131,7 @@ def write_joey_inputs(dataset: Path, work: Path, steps: int, log_every: int, dec
     config = {
         "name": "bench", "joeynmt_version": "2.3.0", "model_dir": str(work / "model"),
         "use_cuda": False, "fp16": False, "random_seed": t.seed,
-        "data": {"train": str(data / "train"), "dev": str(data / "val"), "test": str(data / "test_2016_flickr"),
+        "data": {"train": str(data / "train"), "dev": str(data / "val"), "test": str(data / test_split),
                  "dataset_type": "plain", "src": {"lang": "en", **side}, "trg": {"lang": "de", **side},
                  "special_symbols": {"unk_token": "<unk>", "unk_id": 0, "pad_token": "<pad>", "pad_id": 1,
                                      "bos_token": "<s>", "bos_id": 2, "eos_token": "</s>", "eos_id": 3}},
@@ -179,16 +210,19 @@ def joey_decode(python: Path, config: Path, threads: int, checkpoint: str | None
 
 def structnmt_train(dataset: Path, steps: int, log_every: int, threads: int,
                     max_tokens: int, precision: str = "auto", config: str = BASE_CONFIG,
-                    work: Path = WORK) -> tuple[float, int, Path]:
+                    work: Path = WORK, device: str = "cpu", sets: dict[str, Any] | None = None,
+                    plain: bool | None = None) -> tuple[float, int, Path]:
     """``structnmt train`` as a user runs it, on the parse-free dataset: the recipe's data section
-    with the parse-free settings too, or the dataset's fingerprint check refuses the run."""
+    with the parse-free settings too (``plain``; by default when ``config`` is the base recipe),
+    or the dataset's fingerprint check refuses the run. ``sets`` go last (``--set`` overrides)."""
     run = work / ("structnmt" if precision == "auto" else f"structnmt_{precision}")
-    plain = PLAIN_OVERRIDES if config == BASE_CONFIG else {}
+    plain = PLAIN_OVERRIDES if (config == BASE_CONFIG if plain is None else plain) else {}
     sets = {**plain, "training.precision": precision, "data.dir": dataset, "training.out_dir": run,
             "training.max_steps": steps,
             "training.log_every": log_every, "training.valid_every": 0, "training.valid_bleu": "false",
             "training.tensorboard": "false", "training.progress": "false", "training.threads": threads,
-            "training.max_minutes": 0, "training.device": "cpu", "training.max_tokens": max_tokens}
+            "training.max_minutes": 0, "training.device": device, "training.max_tokens": max_tokens,
+            **(sets or {})}
     cmd = [sys.executable, "-m", "structnmt.cli.main", "train", config]
     for key, value in sets.items():
         cmd += ["--set", f"{key}={value}"]
@@ -206,7 +240,7 @@ def structnmt_train(dataset: Path, steps: int, log_every: int, threads: int,
 
 
 def structnmt_decode(checkpoint: str, dataset: str, split: str, beam: int, decode_tokens: int,
-                     threads: int, limit: int) -> dict[str, Any]:
+                     threads: int, limit: int, device: str = "cpu") -> dict[str, Any]:
     """Beam search over a prepared split in this process (run by ``run_with_peak_rss``)."""
     import dataclasses
 
@@ -216,14 +250,18 @@ def structnmt_decode(checkpoint: str, dataset: str, split: str, beam: int, decod
     from structnmt.training.checkpoint import load_model
 
     common.set_threads(threads)
-    model, cfg, _ = load_model(checkpoint, "cpu", dataset_dir=dataset)
+    model, cfg, _ = load_model(checkpoint, device, dataset_dir=dataset)
     pre = Preprocessor.from_dataset(dataset)
     data = ParallelDataset(Path(dataset), split)
     if limit:
         data.src_lengths = data.src_lengths[:limit]
     dcfg = dataclasses.replace(cfg.decoding, beam=beam, max_tokens=decode_tokens)
     started = time.perf_counter()
-    hyps = translate_split(model, data, pre, dcfg, "cpu")
+    hyps = translate_split(model, data, pre, dcfg, device)
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
     seconds = time.perf_counter() - started
     return {"seconds": seconds, "sentences": len(hyps), "pieces": mean_pieces(hyps, Path(dataset) / "spm.model")}
 
@@ -258,6 +296,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fp32-too", action="store_true",
                         help="also train structnmt in fp32 (Joey NMT trains in fp32 on a CPU; structnmt's "
                              "default precision 'auto' is bf16 on CPUs with native bf16)")
+    parser.add_argument("--joey-python", metavar="PATH",
+                        help="an interpreter that imports joeynmt (default: this one when it does, else "
+                             f"{JOEY_ENV}, built with pip on first use)")
     parser.add_argument("--name", default="joey", help="report: benchmarks/results/NAME.md")
     parser.add_argument("--smoke", metavar="DIR",
                         help=common.SMOKE_HELP + ": structnmt's side only (Joey NMT's environment is a 1.6 GB "
@@ -270,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from structnmt.errors import StructNMTError
 
-    python = ensure_joey_env()
+    python = ensure_joey_env(args.joey_python)
     try:
         dataset = plain_dataset()
     except StructNMTError as err:

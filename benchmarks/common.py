@@ -171,6 +171,11 @@ def run_with_peak_rss(fn: Callable[..., Any], *args: Any) -> tuple[Any, int]:
     return result, peak
 
 
+#: ``time.monotonic()`` past which :func:`run_command` kills the command it runs (None: never);
+#: set by a script with a time limit (``gpu_report.py``) so that no command outlives its budget
+DEADLINE: float | None = None
+
+
 @dataclass
 class CommandResult:
     returncode: int
@@ -188,6 +193,7 @@ def run_command(cmd: Sequence[str], cwd: Path | None = None, env: dict[str, str]
     :func:`peak_rss_self`); elsewhere, or for a command over before the first sample,
     ``ru_maxrss``. ``VmHWM`` is the command's own process: children it starts are not
     counted (the commands benchmarked here start none), and growth in its last 50 ms is missed.
+    A command still running at :data:`DEADLINE` is killed (its return code is then -9).
     """
     started = time.perf_counter()
     with open(log, "w") if log else open(os.devnull, "w") as sink:
@@ -204,6 +210,11 @@ def run_command(cmd: Sequence[str], cwd: Path | None = None, env: dict[str, str]
 
         sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
+        killer = None
+        if DEADLINE is not None:
+            killer = threading.Timer(max(0.0, DEADLINE - time.monotonic()), proc.kill)
+            killer.daemon = True
+            killer.start()
         lines = []
         assert proc.stdout is not None
         for line in proc.stdout:
@@ -211,6 +222,8 @@ def run_command(cmd: Sequence[str], cwd: Path | None = None, env: dict[str, str]
             sink.write(line)
         done.set()
         sampler.join()
+        if killer is not None:  # before the reaping: a timer firing after it could hit a reused pid
+            killer.cancel()
         _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)  # we reaped it ourselves
     seconds = time.perf_counter() - started

@@ -179,14 +179,19 @@ def train(config: ConfigLike, overrides: Overrides = None, resume: bool = False,
     return run(cfg, resume=resume)
 
 
-def average(checkpoints: Sequence[str | Path], out: str | Path) -> Path:
-    """Average the weights of several checkpoints of one run into ``out`` (a model that ``load`` reads)."""
+def average(checkpoints: Sequence[str | Path], out: str | Path, across_runs: bool = False) -> Path:
+    """Average the weights of several checkpoints of one run into ``out`` (a model that ``load`` reads).
+
+    Checkpoints of different runs (another seed or ``out_dir``) are refused unless ``across_runs``:
+    their mean is a worse model than either run's."""
+    from structnmt.io import check_output_path
     from structnmt.training.checkpoint import write_averaged_checkpoint
 
     paths = _paths(checkpoints, "checkpoints")
     if not paths:
         raise ConfigError("no checkpoint to average", "checkpoints")
-    return write_averaged_checkpoint(paths, _path(out, "out"))  # type: ignore[arg-type]
+    target = check_output_path(_path(out, "out"), "--out")  # type: ignore[arg-type]
+    return write_averaged_checkpoint(paths, target, across_runs)  # type: ignore[arg-type]
 
 
 def export_ctranslate2(checkpoint: str | Path, out_dir: str | Path, dataset: str | Path | None = None,
@@ -205,15 +210,16 @@ def export_ctranslate2(checkpoint: str | Path, out_dir: str | Path, dataset: str
 
 def demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 20000, seed: int = 1,
          overrides: Overrides = None, verbose: bool = True, valid_size: int = 300,
-         test_size: int = 500, steps: int | None = None) -> dict[str, Any]:
+         test_size: int = 500, steps: int | None = None, force: bool = False) -> dict[str, Any]:
     """The whole pipeline on the built-in synthetic task (``structnmt demo``): the task written
     to ``WORK/data``, the dataset to ``WORK/dataset``, the run to ``WORK/run``; returns the test
     scores with the ``run`` directory and the training ``summary``. Trains ``steps`` updates
-    (default :data:`structnmt.demo_pipeline.DEMO_STEPS`), stopping early after ``minutes`` if that is > 0."""
+    (default :data:`structnmt.demo_pipeline.DEMO_STEPS`), stopping early after ``minutes`` if that is > 0.
+    A ``work`` directory holding files the demo did not write is refused unless ``force``."""
     from structnmt.demo_pipeline import DEMO_STEPS, run_demo  # not structnmt.demo: that name is this function
 
     return run_demo(work, minutes, train_size, seed, _overrides(overrides), verbose, valid_size, test_size,
-                    DEMO_STEPS if steps is None else steps)
+                    DEMO_STEPS if steps is None else steps, force=force)
 
 
 # ---------------------------------------------------------------------------
@@ -287,7 +293,12 @@ def report(runs: Sequence[str | Path], baseline: str | None = None, test_sets: S
     speed, commands and versions. Written to ``out`` when given; ``plots`` also draws the
     training curves and BLEU by length into that directory."""
     from structnmt.evaluation.report import build_report
+    from structnmt.io import check_output_path
 
+    if out:  # before the bootstrap, not after it
+        check_output_path(out, "--out")
+    if plots:
+        check_output_path(plots, "--plots", directory=True)
     paths = [Path(r) for r in runs]
     text = build_report(paths, baseline, list(test_sets) if test_sets else None, Path(out) if out else None,
                         n_samples=samples)
@@ -303,17 +314,21 @@ def plot_attention(checkpoint: str | Path, out: str | Path, sentence: str | None
                    head: int = 0, dataset: str | Path | None = None, device: str | None = "cpu") -> Path:
     """Heat map of one head (0-based) in one layer (1-based) on raw ``sentence`` or on line
     ``line`` (1-based) of a prepared ``split``, with its dependency arcs or scenes on top."""
+    from structnmt.io import check_output_path
     from structnmt.visualisation.model_attention import plot_model_attention
 
+    check_output_path(_path(out, "out"), "--out")  # type: ignore[arg-type]  # before the model is loaded
     return plot_model_attention(load(checkpoint, device, dataset), out, sentence=sentence, split=split, line=line,
                                 attention=attention, layer=layer, head=head)
 
 
 def plot_curves(runs: Sequence[str | Path], out: str | Path) -> Path:
     """Training curves (loss, validation BLEU) of several runs in one picture."""
+    from structnmt.io import check_output_path
     from structnmt.visualisation.curves import plot_training_curves
 
-    return plot_training_curves({Path(r).name: Path(r) for r in runs}, Path(out))
+    target = check_output_path(_path(out, "out"), "--out")  # type: ignore[arg-type]
+    return plot_training_curves({Path(r).name: Path(r) for r in runs}, target)
 
 
 def inspect(run: str | Path, what: Literal["trees", "phrases", "align", "heads"], checkpoint: str | Path | None = None,
@@ -382,10 +397,27 @@ def study_status(study: str | Path) -> list[dict[str, Any]]:
 def study_report(study: str | Path, out: str | Path | None = None, baseline: str | None = None) -> Path:
     """Write a study's report from its records (default ``RECORDS/report.md``); returns its path.
     ``baseline``: against another of its recipes instead (``RECORDS/report_vs_BASELINE.md``)."""
+    from structnmt.io import check_output_path
+
+    if out:  # the report, and the picture and summary written beside it under its name; before any work
+        for path in (Path(out), Path(out).with_suffix(".png"), Path(out).with_suffix(".json")):
+            check_output_path(path, "--out")
     from structnmt.study import load_study
     from structnmt.study.report import write_report
 
     return write_report(load_study(study), out, baseline)
+
+
+def study_compare(study: str | Path, recipe: str, seed: int, other: str | Path,
+                  seed_of: Sequence[int] | None = None, any_recipe: bool = False,
+                  say: Any = None) -> list[str]:
+    """Another record of a study's run (``structnmt study compare``) beside the study's: BLEU,
+    paired bootstrap p and identical lines per test set; ``seed_of``: two seeds of the study as
+    the yardstick. A record of another recipe or config is refused unless ``any_recipe``.
+    Returns the lines; ``say(line)`` gets each as it is ready."""
+    from structnmt.study.compare import compare_records
+
+    return compare_records(study, recipe, seed, other, list(seed_of) if seed_of else None, any_recipe, say)
 
 
 # ---------------------------------------------------------------------------
@@ -400,10 +432,12 @@ def export_trees(config: ConfigLike, out: str | Path, overrides: Overrides = Non
     from structnmt.data.parsing.cache import export_trees as export
     from structnmt.data.parsing.cache import pin_of
     from structnmt.data.prepare import cache_dir_of
+    from structnmt.io import check_output_path
 
     cfg = _config(config, overrides)
     if cfg.data is None:
         raise ConfigError("the config has no data section", "data")
+    check_output_path(_path(out, "out"), "file")  # type: ignore[arg-type]
     # the header names the parser's recipe and label convention, so that importing the file needs
     # no parser: a cache pinned to a file passes on that file's header (the parser here did not make
     # its trees); otherwise the model's recipe, and the convention the prepared dataset recorded

@@ -382,6 +382,17 @@ class TrainingConfig:
 # ---------------------------------------------------------------------------
 # decoding
 
+#: the widest beam accepted (``decoding.beam``, ``--beam``, ``beam=``, ``nbest``): search memory and
+#: time grow with the beam, and a beam of 10**6 once ran for over ten minutes into 14 GB. A beam is
+#: also cut to the target vocabulary when searching (:func:`structnmt.model.search.translate_batch`).
+MAX_BEAM = 1000
+
+
+def check_beam(beam: int, where: str) -> None:
+    """Refuse a beam over :data:`MAX_BEAM` naming ``where``, before a search that would not end."""
+    _need(beam <= MAX_BEAM, f"must be at most {MAX_BEAM}, got {beam} (search memory and time grow with the "
+                            "beam; one wider than the target vocabulary finds nothing more)", where)
+
 
 @dataclass
 class DecodingConfig:
@@ -394,6 +405,7 @@ class DecodingConfig:
 
     def validate(self, where: str) -> None:
         _need(self.beam >= 1, "must be at least 1", f"{where}.beam")
+        check_beam(self.beam, f"{where}.beam")
         _need(1 <= self.nbest <= self.beam, "must be between 1 and beam", f"{where}.nbest")
         _at_least(self, where, 0, "length_penalty", "max_len_a", "max_len_b")
         _at_least(self, where, 1, "max_tokens")

@@ -27,18 +27,22 @@ from typing import Any
 DEMO_STEPS = 1000
 #: a demo that ends below this test BLEU says so instead of only "done"
 EXPECTED_BLEU = 90.0
+#: the file that makes a work directory the demo's (written before anything else in it)
+MARKER = ".structnmt-demo"
 
 
 def run_demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 20000, seed: int = 1,
              overrides: dict[str, Any] | None = None, verbose: bool = True, valid_size: int = 300,
-             test_size: int = 500, steps: int = DEMO_STEPS) -> dict[str, Any]:
+             test_size: int = 500, steps: int = DEMO_STEPS, force: bool = False) -> dict[str, Any]:
     """Synthetic data -> prepare -> train -> beam search -> BLEU; returns the test scores
     (``bleu``, ``chrf``, ...) with the ``run`` directory and the training ``summary``.
 
     Trains ``steps`` updates (``training.max_steps`` in ``overrides`` wins); ``minutes`` > 0
     also stops it after that many minutes, with a warning when that cut it short.
     ``overrides`` are dotted config keys (``model.d_model``) set on the demo's config; without
-    ``training.threads`` among them the thread count is one per free core.
+    ``training.threads`` among them the thread count is one per free core. A ``work``
+    directory holding anything the demo did not write is refused unless ``force``
+    (:func:`claim_work_dir`).
     """
     from structnmt.config import config_from_dict, set_dotted
     from structnmt.data.prepare import prepare
@@ -74,6 +78,7 @@ def run_demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 
     for key, value in overrides.items():
         set_dotted(raw, key, value)
     cfg = config_from_dict(raw)  # the trainer's import above loaded the method registry
+    claim_work_dir(work, force)
     say(f"writing the synthetic task to {work / 'data'}")
     write_task(work / "data", sizes={"train": train_size, "val": valid_size, "test": test_size}, seed=seed)
     say("preparing the dataset (gold trees from CoNLL-U, SentencePiece)")
@@ -97,6 +102,32 @@ def run_demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 
         say(f"warning: the demo's own settings reach about 96 BLEU; {scores['bleu']:.2f} means something is "
             f"wrong here (training ran {summary['step']} updates, status {summary['status']})")
     return scores
+
+
+def claim_work_dir(work: Path, force: bool = False) -> None:
+    """Make ``work`` the demo's: refuse one that holds files the demo did not write, then mark it.
+
+    The demo replaces ``data/``, ``dataset/`` and ``run/`` in it, so a user's ``data/train.src``
+    or notes kept in ``run/`` would be lost without a word. The marker, written before anything
+    else, tells a rerun (of a demo interrupted half way, too) that the directory is its own;
+    ``force`` takes over any directory (and marks it).
+    """
+    from structnmt.errors import ConfigError
+    from structnmt.io import atomic_write_text
+
+    if work.exists() and not work.is_dir():
+        raise ConfigError(f"{work} is a file, not a directory", "--work")
+    if work.is_dir() and not (work / MARKER).is_file() and not force:
+        found = sorted(p.name + ("/" if p.is_dir() else "") for p in work.iterdir())
+        if found:
+            shown = ", ".join(found[:4]) + (f" (+{len(found) - 4} more)" if len(found) > 4 else "")
+            raise ConfigError(f"{work} holds files the demo did not write ({shown}); the demo would replace "
+                              "its data/, dataset/ and run/: choose another --work, or pass --force to let it",
+                              "--work")
+    work.mkdir(parents=True, exist_ok=True)
+    if not (work / MARKER).is_file():
+        atomic_write_text(work / MARKER, "written by `structnmt demo`: it replaces data/, dataset/ and run/ here "
+                                         "on every run; keep nothing of yours in this directory\n")
 
 
 def _trains_on_cpu(device: str) -> bool:

@@ -21,22 +21,37 @@ class OutputError(StructNMTError):
     """An output path that cannot be written (a directory, under a file, no permission, a full disk)."""
 
 
-def check_output_path(path: str | Path, argument: str) -> Path:
+#: kernel interfaces, not storage: a file "written" there is at best refused, at worst a setting changed
+KERNEL_FILESYSTEMS = ("proc", "sys")
+
+
+def check_output_path(path: str | Path, argument: str, directory: bool = False) -> Path:
     """Refuse, before any work, an output file that could not be written; returns it as a Path.
 
-    Tries what :func:`atomic_open` will do: a temporary file in the (nearest existing) directory
-    that is to hold it. A full disk can only be found out when writing (:func:`output_error`).
+    Every command that writes a path the user named calls this first (one check for all):
+    the atomic rename would replace a device such as ``/dev/null`` with a regular file (as
+    root), and ``/proc`` or ``/sys`` are the kernel's settings, not a place for outputs. Then
+    it tries what :func:`atomic_open` will do: a temporary file in the (nearest existing)
+    directory that is to hold it. A full disk can only be found out when writing
+    (:func:`output_error`). ``directory``: the path is a directory to write files into.
     """
     path = Path(path)
-    if path.is_dir():
+    if directory:
+        if path.exists() and not path.is_dir():
+            raise OutputError(f"{argument}: {path} is not a directory; give a directory name")
+    elif path.is_dir():
         raise OutputError(f"{argument}: {path} is a directory; give a file name")
-    if path.exists() and not path.is_file():  # a device or a pipe would be replaced by the rename
+    elif path.exists() and not path.is_file():  # a device or a pipe would be replaced by the rename
         raise OutputError(f"{argument}: {path} is not a regular file; give a file name")
-    folder = path.parent
+    folder = path if directory and path.is_dir() else path.parent
     while not folder.exists():
         folder = folder.parent
     if not folder.is_dir():
         raise OutputError(f"{argument}: {path}: {folder} is a file, not a directory")
+    top = Path(os.path.realpath(path)).parts[1:2]  # through symbolic links too: /proc/self, /dev/stdout
+    if top and top[0] in KERNEL_FILESYSTEMS:
+        raise OutputError(f"{argument}: {path}: cannot write into {folder} (/{top[0]} is the kernel's "
+                          "interface, not a place for files); give a path elsewhere")
     try:
         fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
         os.close(fd)
@@ -59,6 +74,8 @@ def atomic_open(path: str | Path, mode: str = "w", encoding: str | None = "utf-8
     ``mkstemp``'s private 0600: outputs are meant to be read by others.
     """
     path = Path(path)
+    if path.exists() and not path.is_file():  # the last net: never replace a device, a pipe or a directory
+        raise OutputError(f"{path} is not a regular file; nothing was written there")
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     binary = "b" in mode

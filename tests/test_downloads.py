@@ -7,6 +7,12 @@ Covered: success (the files land where the recipes read them), a connection cut 
 half file is taken as done, the rerun resumes with a range request, or restarts when the
 server ignores ranges), a 404 and a checksum mismatch (one-line errors naming the URL).
 
+Also (issue 28, item 8): an error page sent as an archive, or a reply cut short that announced no
+size at all, is verified before it is renamed (removed, and a good mirror then serves it); a
+damaged file an older structnmt left in place is fetched again; a server trickling a byte at a
+time meets the per-file deadline (``$STRUCTNMT_DOWNLOAD_DEADLINE``) with progress lines on the way,
+and the rerun resumes.
+
 Checked against the bugs: with the size check in ``download.fetch`` removed, the cut tests
 fail (the half archive is renamed as done and the rerun has nothing to resume); with only the
 size checked, a chunked reply (no size announced) cut short is taken as done ("cannot read
@@ -20,6 +26,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import threading
+import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -27,7 +34,9 @@ import pytest
 
 from structnmt.cli.main import main
 from structnmt.config import load_config
-from structnmt.data.download import BASE_URL_ENV, CHECKSUMS
+from structnmt.data import download
+from structnmt.data.download import BASE_URL_ENV, CHECKSUMS, DEADLINE_ENV
+from structnmt.errors import ConfigError
 from tests.test_corpora import tgz
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -41,6 +50,9 @@ class Mirror:
         self.ranges = ranges
         self.cut: dict[str, int] = {}  # name -> bytes sent before the connection is dropped (once)
         self.chunked: set[str] = set()  # names sent with chunked transfer encoding (no size announced)
+        self.unsized: set[str] = set()  # names sent with no size at all: the body ends where the connection does
+        self.slow: dict[str, float] = {}  # name -> seconds between bytes (one byte at a time, from the start)
+        self.closing = threading.Event()  # ends a slow reply when the test is done
         self.requests: list[tuple[str, str | None]] = []  # (name, Range header)
         mirror = self
 
@@ -72,6 +84,26 @@ class Mirror:
                 if name in mirror.chunked and not self.headers.get("Range"):
                     self.send_response(200)
                     self.send_chunked(body, mirror.cut.pop(name, None))
+                    return
+                if name in mirror.unsized and not self.headers.get("Range"):
+                    self.send_response(200)
+                    self.send_header("Connection", "close")
+                    self.end_headers()
+                    self.wfile.write(body[:mirror.cut.pop(name, None)])
+                    self.close_connection = True
+                    return
+                if name in mirror.slow:
+                    self.send_response(200)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    for k in range(len(body)):  # bounded: one byte a step, until the client hangs up
+                        if mirror.closing.wait(mirror.slow[name] if k else 0):
+                            break
+                        try:
+                            self.wfile.write(body[k:k + 1])
+                        except OSError:
+                            break
+                    self.close_connection = True
                     return
                 start = 0
                 wanted = self.headers.get("Range")
@@ -105,6 +137,7 @@ class Mirror:
         return self
 
     def __exit__(self, *exc) -> None:
+        self.closing.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -230,7 +263,8 @@ def test_a_cut_reply_without_a_size_is_not_taken_as_done(tmp_path, at, capsys):
         mirror.chunked.add("mirror/de-en.tgz")
         mirror.cut["mirror/de-en.tgz"] = 250  # two whole chunks of 100 bytes, then half of the third
         code, err = run(["download", "iwslt14-de-en", "--out", "out"], capsys)
-        assert code == 2 and err.count("\n") == 1 and f"{mirror.url}/de-en.tgz stopped after 200 bytes (" in err
+        # every byte that arrived is kept, half a chunk too (read1 hands it over), and resumed after
+        assert code == 2 and err.count("\n") == 1 and f"{mirror.url}/de-en.tgz stopped after 250 bytes (" in err
         assert not Path("out/downloads/de-en.tgz").exists()
         code, err = run(["download", "iwslt14-de-en", "--out", "out"], capsys)
     assert code == 0, err
@@ -297,3 +331,99 @@ def test_without_a_mirror_the_public_homes_are_asked(monkeypatch):
         "http://mirror.example/nmt/train.en.gz"
     assert base_url("http://other/") == "http://other"  # an explicit base wins over the variable
 
+
+# ---------------------------------------------------------------------------
+# issue 28, item 8: verified before renaming; a deadline and progress lines
+
+
+def test_an_error_page_sent_as_the_archive_is_removed_and_a_good_mirror_then_serves_it(tmp_path, at, capsys):
+    archive = iwslt14_archive(tmp_path)["de-en.tgz"]
+    page = b"<html><body>503 Service Unavailable</body></html>\n"  # a size announced, no digest published
+    with at(Mirror({"de-en.tgz": page})) as bad, Mirror({"de-en.tgz": archive}) as good:
+        code, err = run(["download", "iwslt14-de-en", "--out", "out"], capsys)
+        assert code == 2 and err.count("\n") == 1
+        assert err.startswith(f"error: {bad.url}/de-en.tgz is not a gzip archive (it begins b'<html><body>503 '); "
+                              "the download was removed (run again, or fetch it from another mirror: --base-url)")
+        assert not list(Path("out/downloads").iterdir())  # nothing taken as done, no part to append to
+        code, err = run(["download", "iwslt14-de-en", "--out", "out", "--base-url", good.url], capsys)
+    assert code == 0, err
+    assert Path("out/downloads/de-en.tgz").read_bytes() == archive
+
+
+def test_a_reply_cut_short_without_any_size_is_removed_and_fetched_again(tmp_path, at, capsys):
+    archive = iwslt14_archive(tmp_path)["de-en.tgz"]
+    with at(Mirror({"de-en.tgz": archive})) as mirror:
+        mirror.unsized.add("mirror/de-en.tgz")  # no Content-Length, not chunked: a close looks like the end
+        mirror.cut["mirror/de-en.tgz"] = len(archive) // 2
+        code, err = run(["download", "iwslt14-de-en", "--out", "out"], capsys)
+        assert code == 2 and err.count("\n") == 1
+        assert err.startswith(f"error: {mirror.url}/de-en.tgz is not a whole tar.gz archive ("), err
+        assert "; the download was removed" in err
+        assert not list(Path("out/downloads").iterdir())
+        code, err = run(["download", "iwslt14-de-en", "--out", "out"], capsys)  # served whole this time
+    assert code == 0, err
+    assert Path("out/downloads/de-en.tgz").read_bytes() == archive
+
+
+@pytest.mark.parametrize("published", [False, True], ids=["first-bytes", "digest"])
+def test_a_damaged_file_left_in_place_is_fetched_again(tmp_path, at, capsys, published):
+    """An older structnmt renamed whatever arrived: an error page (no digest published: its first
+    bytes tell), or a gzip file that is not the published one (its digest tells)."""
+    archive = iwslt14_archive(tmp_path)["de-en.tgz"]
+    left = gzip.compress(b"not the archive", mtime=0) if published else b"<html>404</html>"
+    Path("out/downloads").mkdir(parents=True)
+    Path("out/downloads/de-en.tgz").write_bytes(left)
+    with at(Mirror({"de-en.tgz": archive})) as mirror:
+        if published:
+            mirror.publish_checksums()
+        code = main(["download", "iwslt14-de-en", "--out", "out"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert "out/downloads/de-en.tgz " in out and ": removed, downloading it again" in out
+    assert Path("out/downloads/de-en.tgz").read_bytes() == archive
+
+
+def test_a_server_trickling_bytes_meets_the_deadline_with_progress_lines(tmp_path, monkeypatch):
+    body = gzip.compress(b"slow server\n" * 50, mtime=0)  # 39 bytes: 4 s at a byte every 0.1 s
+    monkeypatch.setenv(DEADLINE_ENV, "1")
+    monkeypatch.setattr(download, "PROGRESS_EVERY_S", 0.25)
+    lines: list[str] = []
+    target = tmp_path / "slow.gz"
+    with Mirror({"slow.gz": body}) as mirror:
+        mirror.slow["mirror/slow.gz"] = 0.1
+        started = time.monotonic()
+        with pytest.raises(download.DownloadError) as caught:
+            download.fetch(f"{mirror.url}/slow.gz", target, say=lines.append)
+        assert time.monotonic() - started < 3.5  # the deadline and a byte, not the whole file
+        message = str(caught.value)
+        assert message.startswith(f"the download of {mirror.url}/slow.gz stopped after "), message
+        assert message.endswith(f" of {len(body):,} bytes: it took longer than the deadline of 1 s; run the same "
+                                f"command again to resume it, or allow more time with {DEADLINE_ENV}=SECONDS")
+        progress = [line for line in lines if line.startswith("  slow.gz: ")]
+        assert len(progress) >= 2 and all(f" of {len(body):,} bytes (" in line and " kB/s, 0:00:0" in line
+                                          for line in progress), lines
+        kept = Path(f"{target}.part").stat().st_size
+        assert 0 < kept < len(body) and not target.exists()
+        del mirror.slow["mirror/slow.gz"]  # a fast server again: the rerun asks for the rest only
+        download.fetch(f"{mirror.url}/slow.gz", target, say=lines.append)
+        assert mirror.requests[-1] == ("mirror/slow.gz", f"bytes={kept}-")
+    assert target.read_bytes() == body
+    monkeypatch.setenv(DEADLINE_ENV, "soon")
+    with pytest.raises(ConfigError, match=rf"^\${DEADLINE_ENV}: expected a positive number of seconds, got 'soon'$"):
+        download.fetch("http://127.0.0.1:9/x.gz", tmp_path / "x.gz")
+
+
+def test_a_cut_archive_left_in_place_is_one_line_saying_to_delete_it(tmp_path, at, capsys):
+    """Its first bytes are gzip's, so it is kept (reading whole archives on every run would cost minutes
+    for WMT14); reading it fails in one line that says what to do, and doing it works."""
+    archive = iwslt14_archive(tmp_path)["de-en.tgz"]
+    Path("out/downloads").mkdir(parents=True)
+    Path("out/downloads/de-en.tgz").write_bytes(archive[:len(archive) // 2])
+    with at(Mirror({"de-en.tgz": archive})):
+        code, err = run(["download", "iwslt14-de-en", "--out", "out"], capsys)
+        assert code == 2 and err.count("\n") == 1, err
+        assert err.startswith("error: out/downloads/de-en.tgz: cannot read the archive: ")
+        assert err.endswith("(if it was downloaded, delete it and run the command again to fetch it again)\n")
+        Path("out/downloads/de-en.tgz").unlink()
+        code, err = run(["download", "iwslt14-de-en", "--out", "out"], capsys)
+    assert code == 0, err

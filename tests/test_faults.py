@@ -158,6 +158,8 @@ BAD_NUMBERS = {
     "model.max_positions=-1": "model.max_positions: must be at least 1, got -1",
     "decoding.max_len_a=-1": "decoding.max_len_a: must not be negative, got -1.0",
     "decoding.max_tokens=0": "decoding.max_tokens: must be at least 1, got 0",
+    "decoding.beam=1000000": "decoding.beam: must be at most 1000, got 1000000 (search memory and time grow with the "
+                             "beam; one wider than the target vocabulary finds nothing more)",
     "data.subwords.character_coverage=0": "data.subwords.character_coverage: must be in (0, 1]",
     "data.src.parser.batch_size=0": "data.src.parser.batch_size: must be at least 1, got 0",
 }
@@ -511,6 +513,18 @@ def test_no_fault_case_prints_a_traceback(demo: Path, tmp_path: Path) -> None:
     first = checkpoint_of(config, tmp_path / "a.pt")
     case(tmp_path, "average", first, checkpoint_of(config, tmp_path / "b.pt", _other_model), "--out",
          tmp_path / "avg.pt")
+    case(tmp_path, "average", first, checkpoint_of(config, tmp_path / "seed2.pt", _other_seed), "--out",
+         tmp_path / "avg.pt")
+    writers = tmp_path / "writers"
+    writers.mkdir()
+    device = a_device(writers)
+    for _, argv in writer_argv(writers).values():  # average, plot curves/attention, report, study --report, trees
+        for output in (device, Path("/proc/self/o.png"), writers, writers / "train.en" / "o.png"):
+            case(tmp_path, *_with(argv, output))
+    foreign = tmp_path / "foreign"
+    (foreign / "data").mkdir(parents=True)
+    (foreign / "data" / "train.src").write_text("the user's own\n")
+    case(tmp_path, "demo", "--work", foreign, "--steps", "1")
     for output in (tmp_path, tmp_path / "empty.yaml" / "o.txt", "/proc/self/o.txt", "/proc/version"):
         case(tmp_path, *translate_args(demo, "--output", str(output)))
     case(tmp_path, "translate", "--checkpoint", tmp_path / "a.pt", "--input", tmp_path / "missing.txt")
@@ -519,6 +533,18 @@ def test_no_fault_case_prints_a_traceback(demo: Path, tmp_path: Path) -> None:
     shutil.copytree(demo / "demo/dataset", damaged)
     (damaged / "meta.json").write_text("{")
     case(tmp_path, *translate_args(demo, "--dataset", str(damaged)))
+    from structnmt.study import load_study
+
+    for name, (change, _) in BAD_SCORES.items():  # study records that break the schema: study --report
+        study_file = study_with_records(tmp_path / name)
+        damage(load_study(study_file).record_dir("pascal", 1) / "record.json", change)
+        case(tmp_path, "study", study_file, "--report")
+    for argv, _ in compare_cases(tmp_path / "compare").values():  # study compare's seven (and one more)
+        case(tmp_path, *argv)
+    for argv in item8_cli_cases(demo, tmp_path / "item8"):  # export, evaluate, --beam, --nbest (issue 28, item 8)
+        case(tmp_path, *argv)
+    for argv in items_3_and_4_cli_cases(demo, tmp_path / "items_3_4"):  # slips, offsets, meta.json (items 3, 4)
+        case(tmp_path, *argv)
 
     script = ("import contextlib, io, json, sys\n"
               "from structnmt.cli.main import main\n"
@@ -613,3 +639,814 @@ def test_the_demo_trains_every_update_beside_two_busy_processes(tmp_path: Path, 
     with capsys.disabled():
         print(f"\nbusy demo: {threads} thread(s), {BUSY_STEPS} updates, test BLEU {scores['bleu']:.2f}, "
               f"{scores['summary']['train_seconds']:.0f} s of training")
+
+
+# ---------------------------------------------------------------------------
+# study records that break the record schema, and `structnmt study compare`
+
+
+def record_of(study, recipe: str, seed: int, folder: Path | None = None) -> Path:
+    """A well-formed, current record of a run of the tiny study, made by hand (nothing trained):
+    its hypotheses are the references with a word dropped from every (2 + seed)th line."""
+    from structnmt.data.corpus import read_lines
+    from structnmt.study.provenance import lines_digest
+    from structnmt.study.spec import config_digest, train_view
+
+    cfg = study.run_config(recipe, seed)
+    folder = folder or study.record_dir(recipe, seed)
+    refs = read_lines(cfg.data.splits["test"].tgt)
+    hyps = [" ".join(r.split()[:-1]) if i % (2 + seed) == 0 else r for i, r in enumerate(refs)]
+    (folder / "hyps").mkdir(parents=True)
+    (folder / "hyps" / "test.hyp").write_text("".join(h + "\n" for h in hyps), encoding="utf-8")
+    record = {"study": study.name, "recipe": recipe, "seed": seed, "digest": config_digest(cfg),
+              "config": train_view(cfg), "test": study.test_view(cfg), "reads_trees": False, "updates": 20,
+              "train_seconds": 60.0, "test_seconds": 6.0, "cpu": "a test CPU", "device": "cpu",
+              "precision": "float32", "threads": 1, "valid": [{"step": 20, "loss": 2.5, "bleu": 30.0}],
+              "scores": {"test": {"bleu": 40.0 + seed, "chrf": 60.0}}, "references": {"test": lines_digest(refs)},
+              "finished": "2026-12-01T12:00:00+0000"}
+    (folder / "record.json").write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    return folder / "record.json"
+
+
+def study_with_records(root: Path, seeds: tuple[int, ...] = (1,)) -> Path:
+    """tests/test_study.py's tiny study (vanilla, pascal; no dataset prepared) with a current record
+    of each recipe's seed 1, in seconds; returns the study file."""
+    from structnmt.study import load_study
+    from tests.test_study import _study_file, _write_recipes
+
+    root.mkdir(parents=True, exist_ok=True)
+    recipes = _write_recipes(root)
+    path = _study_file(root, recipes, name="records", seeds=seeds)
+    study = load_study(path)
+    for recipe in recipes:
+        record_of(study, recipe, 1)
+    return path
+
+
+def damage(path: Path, change) -> None:
+    """Rewrite a record.json with ``change(record)`` applied to it in place."""
+    record = json.loads(path.read_text())
+    change(record)
+    path.write_text(json.dumps(record))
+
+
+#: records that used to pass: scores [] was counted as recorded and left out of every table,
+#: a record {} was called stale ("recipe changed"), scores {} a done run without a score
+NO_SCORES = {
+    "scores_a_list": (lambda r: r.update(scores=[]), "scores: expected an object of test sets, got list []"),
+    "scores_empty": (lambda r: r.update(scores={}), "scores: no test set scored (an empty object)"),
+    "record_empty": (lambda r: r.clear(), "no recipe, seed, digest, config, test, updates, train_seconds, "
+                                          "test_seconds, valid, scores (missing keys)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NO_SCORES))
+def test_a_record_without_scores_is_damaged_in_status_and_report(case: str, tmp_path: Path) -> None:
+    from structnmt.study import format_status, load_study, run_study, study_status
+    from structnmt.study.report import write_report
+
+    change, why = NO_SCORES[case]
+    path = study_with_records(tmp_path)
+    study = load_study(path)
+    record = study.record_dir("pascal", 1) / "record.json"
+    rows = {r["recipe"]: r for r in study_status(path)}
+    assert rows["pascal"]["state"] == rows["vanilla"]["state"] == "done"  # the control: both well-formed
+    damage(record, change)
+    rows = {r["recipe"]: r for r in study_status(path)}
+    assert rows["vanilla"]["state"] == "done"
+    assert rows["pascal"]["state"] == "damaged", rows["pascal"]
+    assert rows["pascal"]["note"].startswith(f"{record} is damaged: {why}; restore it"), rows["pascal"]["note"]
+    assert "1 damaged, 1 done" in format_status(list(rows.values()))
+    text = write_report(load_study(path)).read_text()
+    assert "1 of 2 runs recorded (0 failed, 0 pending, 0 stale, 1 damaged)" in text
+    assert f"- **pascal seed 1**: {record} is damaged: {why}" in text
+    # nothing is trained over it
+    assert run_study(path, report=False) == {"runs": {"pascal/seed1": "damaged"}, "report": None}
+
+
+#: what `study --report` met with a traceback before: a string where BLEU goes (TypeError), no scores (KeyError)
+BAD_SCORES = {
+    "bleu_a_string": (lambda r: r["scores"]["test"].update(bleu="high"),
+                      'scores.test.bleu: expected a number, got str "high"'),
+    "no_scores_key": (lambda r: r.pop("scores"), "no scores (missing key)"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SCORES))
+def test_study_report_names_a_record_with_bad_scores_in_one_line(case: str, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    from structnmt.study import load_study
+
+    change, why = BAD_SCORES[case]
+    path = study_with_records(tmp_path)
+    record = load_study(path).record_dir("pascal", 1) / "record.json"
+    damage(record, change)
+    message = failing(capsys, "study", str(path), "--report")
+    assert message.startswith(f"1 damaged record(s), listed in the report; the first: {record} is damaged: {why}; "
+                              f"restore it from version control (git checkout -- {record.parent})"), message
+    text = (load_study(path).records / "report.md").read_text()
+    assert "1 of 2 runs recorded" in text and f"- **pascal seed 1**: {record} is damaged: {why}" in text
+    status = cli(capsys, "study", str(path), "--status")
+    assert status[0] == 0 and "damaged" in status[1]
+
+
+def compare_cases(root: Path) -> dict[str, tuple[list[str], str]]:
+    """`study compare` argument lists that must each end in one error line, and the start of that line.
+    The study has seeds 1 and 2 and records of seed 1 only."""
+    from structnmt.study import load_study
+
+    path = study_with_records(root, seeds=(1, 2))
+    study = load_study(path)
+    ours = study.record_dir("vanilla", 1)
+    truncated, no_hyps = root / "truncated", root / "no_hyps"
+    for copy in (truncated, no_hyps):
+        shutil.copytree(ours, copy)
+    (truncated / "record.json").write_text((ours / "record.json").read_text()[:200])
+    shutil.rmtree(no_hyps / "hyps")
+    args = [str(path), "vanilla", "1"]
+    return {
+        "missing_study_file": (["study", "compare", str(root / "nope.yaml"), "vanilla", "1", str(ours)],
+                               f"{root / 'nope.yaml'}: study file not found"),
+        "unknown_recipe": (["study", "compare", str(path), "vanila", "1", str(ours)],
+                           f"RECIPE: 'vanila' is not a recipe of {path} (recipes: vanilla, pascal)"),
+        "seed_not_in_the_study": (["study", "compare", str(path), "vanilla", "7", str(ours)],
+                                  f"SEED: vanilla has no seed 7 in {path} (seeds: 1, 2)"),
+        "unrecorded_seed": (["study", "compare", str(path), "vanilla", "2", str(ours)],
+                            f"SEED: vanilla seed 2 has no record in {study.record_dir('vanilla', 2)}: run the study"),
+        "unrecorded_seed_of": (["study", "compare", *args, str(ours), "--seed-of", "1", "2"],
+                               f"--seed-of: vanilla seed 2 has no record in {study.record_dir('vanilla', 2)}"),
+        "missing_folder": (["study", "compare", *args, str(root / "nowhere")],
+                           f"OTHER_RECORD: {root / 'nowhere'}: no such folder"),
+        "truncated_record": (["study", "compare", *args, str(truncated)],
+                             f"{truncated / 'record.json'} is damaged: not valid JSON"),
+        "record_without_hypotheses": (["study", "compare", *args, str(no_hyps)],
+                                      f"{no_hyps / 'record.json'} is damaged: scores.test: its hypotheses "
+                                      "hyps/test.hyp are missing"),
+    }
+
+
+@pytest.fixture(scope="module")
+def compare_study(tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[list[str], str]]:
+    return compare_cases(tmp_path_factory.mktemp("compare"))
+
+
+@pytest.mark.parametrize("case", ["missing_study_file", "unknown_recipe", "seed_not_in_the_study", "unrecorded_seed",
+                                  "unrecorded_seed_of", "missing_folder", "truncated_record",
+                                  "record_without_hypotheses"])
+def test_study_compare_names_each_bad_argument_in_one_line(case: str, compare_study: dict,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    argv, expected = compare_study[case]
+    message = failing(capsys, *argv)
+    assert message.startswith(expected), message
+    # the script of before is a shim over the subcommand: the same one line, never a traceback
+    sys.path.insert(0, str(ROOT / "studies"))
+    import compare_records
+
+    assert compare_records.main(argv[2:]) == 2
+    assert capsys.readouterr().err == f"error: {message}\n"
+
+
+def test_study_compare_refuses_a_record_of_another_recipe_or_config(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture) -> None:
+    from structnmt.study import load_study
+
+    path = study_with_records(tmp_path)
+    study = load_study(path)
+    ours = study.record_dir("vanilla", 1)
+    args = ["study", "compare", str(path), "vanilla", "1"]
+    pascal = tmp_path / "pascal_copy"
+    shutil.copytree(study.record_dir("pascal", 1), pascal)
+    message = failing(capsys, *args, str(pascal))
+    assert message == (f"OTHER_RECORD: {pascal} (A): it is a record of recipe 'pascal', not 'vanilla'; not the same "
+                       "run, so not compared (--any-recipe compares it knowingly)")
+    dropout = tmp_path / "dropout"
+    shutil.copytree(ours, dropout)
+
+    def other_dropout(record: dict) -> None:
+        record["config"]["model"]["dropout"] = 0.3
+        record["digest"] = "0" * 64
+
+    damage(dropout / "record.json", other_dropout)
+    message = failing(capsys, *args, str(dropout))
+    assert message.startswith(f"OTHER_RECORD: {dropout} (A): it was trained from another config than the study gives "
+                              "vanilla seed 1 (model.dropout differ): training digest 000000000000…, the study's "), \
+        message
+    # knowingly: compared, with a note that says what it is
+    code, out, err = cli(capsys, *args, str(pascal), "--any-recipe")
+    assert code == 0, err
+    assert out.splitlines()[0].startswith(f"note: {pascal} (A): it is a record of recipe 'pascal'")
+    assert [line for line in out.splitlines() if line.startswith("test: ")]
+    # the same run (a copy of the study's record): compared, every line the same; and two seeds of the study
+    same = tmp_path / "same"
+    shutil.copytree(ours, same)
+    code, out, err = cli(capsys, *args, str(same))
+    assert code == 0, err
+    best = "(CPU a test CPU; best validation BLEU 30.00 at 20 updates, loss 2.5000)"
+    assert out.splitlines()[:3] == [f"## vanilla seed 1: {same} (A) against the study's record (B)",
+                                    f"A: {same} {best}", f"B: {ours} {best}"]
+    (line,) = [line for line in out.splitlines() if line.startswith("test: ")]
+    assert "B − A +0.00," in line and "identical lines 24 of 24 (100%)" in line
+
+
+# ---------------------------------------------------------------------------
+# every output path a user names goes through one check (io.check_output_path)
+
+
+def a_device(tmp_path: Path) -> Path:
+    """A character device of the test's own, a twin of /dev/null (as root), so that a writer that
+    replaced it would not break the machine's /dev/null; a FIFO where devices cannot be made."""
+    import stat
+
+    path = tmp_path / "null-device"
+    try:
+        os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, 3))
+    except OSError:
+        os.mkfifo(path)
+    return path
+
+
+def is_special(path: Path) -> bool:
+    import stat
+
+    mode = os.stat(path).st_mode
+    return stat.S_ISCHR(mode) or stat.S_ISFIFO(mode)
+
+
+def writer_argv(tmp_path: Path) -> dict[str, tuple[str, list[str]]]:
+    """Every command that writes a file the user names: (the argument's name in errors, argv with
+    ``OUT`` where the output goes). The check comes first, so the inputs need not be real."""
+    config = experiment(tmp_path)
+    run = tmp_path / "some-run"
+    (run / "eval").mkdir(parents=True)
+    (run / "log.jsonl").write_text('{"kind": "train", "step": 1, "loss": 3.0}\n')
+    ckpt = tmp_path / "missing.pt"
+    return {
+        "average": ("--out", ["average", str(ckpt), str(ckpt), "--out", "OUT"]),
+        "plot curves": ("--out", ["plot", "curves", str(run), "--out", "OUT"]),
+        "plot attention": ("--out", ["plot", "attention", "--checkpoint", str(ckpt), "--sentence", "the dog .",
+                                     "--out", "OUT"]),
+        "report": ("--out", ["report", str(run), "--out", "OUT"]),
+        "study --report": ("--out", ["study", str(tmp_path / "study.yaml"), "--report", "--out", "OUT"]),
+        "trees export": ("file", ["trees", "export", str(config), "OUT"]),
+    }
+
+
+def _with(argv: list[str], out: Path) -> list[str]:
+    return [str(out) if a == "OUT" else a for a in argv]
+
+
+@pytest.mark.parametrize("command", ["average", "plot curves", "plot attention", "report", "study --report",
+                                     "trees export"])
+def test_every_writer_refuses_a_device_and_leaves_it_a_device(command: str, tmp_path: Path,
+                                                              capsys: pytest.CaptureFixture,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``average A B --out /dev/null`` exited 0 and, as root, replaced /dev/null with a regular file
+    (the atomic rename); so did every writer but ``translate``. Now each refuses it before any work."""
+    argument, argv = writer_argv(tmp_path)[command]
+    loaded = []
+    monkeypatch.setattr(structnmt.api, "load", lambda *a, **k: loaded.append(a))  # plot attention: never loaded
+    own = a_device(tmp_path)  # first our own device: a writer that still replaced devices fails here
+    assert failing(capsys, *_with(argv, own)) == f"{argument}: {own} is not a regular file; give a file name"
+    assert is_special(own)
+    for device in (Path("/dev/null"), Path("/dev/full")):
+        if not device.exists() or not is_special(device):
+            continue  # no such device here: our own above stood for it
+        assert failing(capsys, *_with(argv, device)) == f"{argument}: {device} is not a regular file; give a file name"
+        assert is_special(device), f"{device} was replaced"
+    assert not loaded
+    assert not [p for p in tmp_path.rglob("*.tmp")]
+
+
+@pytest.mark.parametrize("command", ["average", "plot curves", "plot attention", "report", "study --report",
+                                     "trees export"])
+def test_every_writer_refuses_kernel_paths_directories_and_paths_under_a_file(
+        command: str, tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    argument, argv = writer_argv(tmp_path)[command]
+    monkeypatch.setattr(structnmt.api, "load", lambda *a, **k: pytest.fail("the model was loaded"))
+    (tmp_path / "a-file").write_text("x")
+    cases = {
+        tmp_path: f"{argument}: {tmp_path} is a directory; give a file name",
+        tmp_path / "a-file" / "o.png": f"{argument}: {tmp_path / 'a-file' / 'o.png'}: {tmp_path / 'a-file'} is a "
+                                       "file, not a directory",
+        Path("/proc/self/o.png"): f"{argument}: /proc/self/o.png: cannot write into /proc/self (/proc is the "
+                                  "kernel's interface, not a place for files)",
+        Path("/sys/kernel/o.png"): f"{argument}: /sys/kernel/o.png: cannot write into /sys/kernel (/sys is the "
+                                   "kernel's interface, not a place for files)",
+    }
+    for out, expected in cases.items():
+        if not out.parent.is_dir() and out.is_relative_to("/sys"):
+            continue  # no sysfs in this container
+        assert failing(capsys, *_with(argv, out)).startswith(expected), out
+
+
+def test_report_plots_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    _, argv = writer_argv(tmp_path)["report"]
+    plots = a_device(tmp_path)
+    assert (failing(capsys, *_with(argv, tmp_path / "report.md"), "--plots", str(plots))
+            == f"--plots: {plots} is not a directory; give a directory name")
+    assert is_special(plots) and not (tmp_path / "report.md").exists()
+
+
+def test_the_atomic_writers_never_replace_what_is_not_a_regular_file(tmp_path: Path) -> None:
+    """The last net under the check: a writer reached some other way still refuses to rename over a device."""
+    from structnmt.io import OutputError, atomic_write_bytes
+
+    device = a_device(tmp_path)
+    with pytest.raises(OutputError, match="is not a regular file; nothing was written there"):
+        atomic_write_bytes(device, b"x")
+    assert is_special(device)
+    assert [p.name for p in tmp_path.iterdir()] == [device.name]
+
+
+# ---------------------------------------------------------------------------
+# the demo's work directory holds nothing of the user's
+
+
+def test_the_demo_refuses_a_work_directory_it_did_not_write(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """``demo --work DIR`` replaced a user's DIR/data/train.src with synthetic text and removed a
+    DIR/run/ holding notes.txt without a word."""
+    mine = tmp_path / "mine"
+    (mine / "data").mkdir(parents=True)
+    (mine / "data" / "train.src").write_text("my own corpus\n")
+    notes = tmp_path / "notes"
+    (notes / "run").mkdir(parents=True)
+    (notes / "run" / "notes.txt").write_text("do not lose\n")
+    for work, kept, shown in ((mine, mine / "data" / "train.src", "data/"),
+                              (notes, notes / "run" / "notes.txt", "run/")):
+        before = kept.read_text()
+        message = failing(capsys, "demo", "--work", str(work), "--steps", "1")
+        assert message == (f"--work: {work} holds files the demo did not write ({shown}); the demo would replace "
+                           "its data/, dataset/ and run/: choose another --work, or pass --force to let it")
+        assert kept.read_text() == before
+        assert sorted(p.name for p in work.iterdir()) == [shown.rstrip("/")]  # nothing written, no marker
+    file = tmp_path / "a-file"
+    file.write_text("x")
+    assert failing(capsys, "demo", "--work", str(file)) == f"--work: {file} is a file, not a directory"
+
+
+def test_the_demo_reruns_in_its_own_work_directory_and_takes_another_with_force(
+        tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    from structnmt.demo_pipeline import MARKER
+
+    monkeypatch.chdir(tmp_path)
+    quick = {**TINY, "training.max_steps": 2, "training.valid_every": 2}
+    for _ in range(2):  # the rerun finds its own marker: the README's `structnmt demo`, twice
+        scores = structnmt.demo("demo", train_size=200, seed=3, overrides=quick, verbose=False, valid_size=8,
+                                test_size=8)
+        assert scores["summary"]["step"] == 2
+    assert (tmp_path / "demo" / MARKER).is_file()
+    (tmp_path / "demo" / "more").mkdir()  # README: a run of the user's own beside the demo's (demo/more) stays
+    structnmt.demo("demo", train_size=200, seed=3, overrides=quick, verbose=False, valid_size=8, test_size=8)
+    assert (tmp_path / "demo" / "more").is_dir()
+    (tmp_path / "taken" / "run").mkdir(parents=True)
+    (tmp_path / "taken" / "run" / "notes.txt").write_text("mine\n")
+    sets = [arg for key, value in quick.items() for arg in ("--set", f"{key}={value}")]
+    code, out, err = cli(capsys, "demo", "--work", "taken", "--train-size", "200", "--force", *sets)
+    assert code == 0, err
+    assert not (tmp_path / "taken" / "run" / "notes.txt").exists()  # --force: the user said so
+    assert (tmp_path / "taken" / MARKER).is_file()
+
+
+# ---------------------------------------------------------------------------
+# average of checkpoints of two runs
+
+
+def _other_seed(state: dict) -> None:
+    state["config"]["training"]["seed"] = 2
+
+
+def _other_out_dir(state: dict) -> None:
+    state["config"]["training"]["out_dir"] = "runs/again"
+
+
+def _later_step_of_a_longer_run(state: dict) -> None:
+    state["progress"]["step"] = 9  # one run, resumed with a larger budget: the same run
+    state["config"]["training"]["max_steps"] = 900
+
+
+def test_average_refuses_checkpoints_of_two_runs_unless_asked(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Seeds 1 and 2 of one config have the same shapes and origin, and their mean was accepted: a
+    much worse model than either. Checkpoints of one run at different steps still average."""
+    config = experiment(tmp_path)
+    first = checkpoint_of(config, tmp_path / "a.pt")
+    out_dir = os.path.normpath(load_config(config).training.out_dir)
+    for change, differs in ((_other_seed, "training.seed: 2 here, 1 in a.pt"),
+                            (_other_out_dir, f"training.out_dir: 'runs/again' here, {out_dir!r} in a.pt")):
+        other = checkpoint_of(config, tmp_path / "b.pt", change)
+        message = failing(capsys, "average", str(first), str(other), "--out", str(tmp_path / "avg.pt"))
+        assert message.startswith(f"{other}: another run than {first} ({differs}); averaging the weights of two "
+                                  "runs gives a worse model than either"), message
+        assert "--across-runs" in message
+        assert not (tmp_path / "avg.pt").exists()
+        code, _, err = cli(capsys, "average", str(first), str(other), "--out", str(tmp_path / "avg.pt"),
+                           "--across-runs")
+        assert code == 0, err
+        (tmp_path / "avg.pt").unlink()
+    later = checkpoint_of(config, tmp_path / "c.pt", _later_step_of_a_longer_run)
+    assert cli(capsys, "average", str(first), str(later), "--out", str(tmp_path / "avg.pt"))[0] == 0
+
+
+# ---------------------------------------------------------------------------
+# issue 28, item 8: arguments that raised tracebacks, beams that ran away, a run with no end
+
+
+def item8_cli_cases(demo: Path, root: Path) -> list[list[str]]:
+    """This section's command-line cases, for ``test_no_fault_case_prints_a_traceback``."""
+    root.mkdir()
+    (root / "empty.hyp").write_text("")
+    (root / "empty.ref").write_text("")
+    evaluate = ["evaluate", "--hyp", str(root / "empty.hyp"), "--ref", str(root / "empty.ref")]
+    return [["export", "ctranslate2", str(demo / "demo/run/last.pt"), str(root / "ct2"), "--quantization", "garbage"],
+            evaluate, [*evaluate, "--allow-empty"],
+            translate_args(demo, "--beam", "1000000"), translate_args(demo, "--nbest", "5000"),
+            ["test", str(demo / "demo/run"), "--beam", "1000000", "--device", "cpu"]]
+
+
+def test_export_refuses_an_unknown_quantization_listing_the_known_ones(demo: Path, tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture) -> None:
+    """It was CTranslate2's ValueError, raised after the model was loaded and converted."""
+    known = "int8, int8_float32, int8_float16, int8_bfloat16, int16, float16, bfloat16, float32"
+    out = tmp_path / "ct2"
+    message = failing(capsys, "export", "ctranslate2", str(demo / "demo/run/last.pt"), str(out),
+                      "--quantization", "garbage")
+    assert message == f"--quantization: unknown weight type 'garbage' (known: {known})"
+    with pytest.raises(ConfigError, match=r"^quantization: unknown weight type 'garbage' \(known: int8, "):
+        structnmt.api.export_ctranslate2(demo / "demo/run/last.pt", out, quantization="garbage")
+    assert not out.exists()
+
+
+#: API calls given what they cannot take -> (exception, its message from the start)
+API_ARGUMENTS = {
+    "nbest_n_as_a_string": (lambda t: t.nbest(["the dog ."], "2"), ConfigError, "n: expected an integer, got '2'"),
+    "attention_of_a_list": (lambda t: t.attention(["the dog .", "a cat ."]), ConfigError,
+                            "source: expected one sentence (a str), got list: attention maps are of one sentence "
+                            "pair at a time"),
+    "attention_of_none": (lambda t: t.attention(None), ConfigError, "source: expected one sentence (a str), got "
+                                                                    "NoneType"),
+    "evaluate_none": (lambda t: structnmt.evaluate(None, None), ConfigError,
+                      "hypotheses: expected a file (str or pathlib.Path) or a list of sentences (str), got None"),
+    "evaluate_no_references": (lambda t: structnmt.evaluate(["a"], None), ConfigError,
+                               "references: expected a file (str or pathlib.Path), a list of sentences or a list of "
+                               "either, got None"),
+    "translate_bytes": (lambda t: t.translate(b"A man"), DataError,
+                        "sentences: got bytes, not a str: decode them first (text.decode('utf-8'))"),
+    "translate_a_list_holding_bytes": (lambda t: t.translate(["the dog .", b"A man"]), DataError,
+                                       "sentences: sentence 2 is bytes, not a str: decode it first"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(API_ARGUMENTS))
+def test_the_api_names_each_argument_it_cannot_take(case: str, demo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import re
+
+    monkeypatch.chdir(demo)
+    call, error, message = API_ARGUMENTS[case]
+    translator = structnmt.load("demo/run/last.pt", "cpu")
+    with pytest.raises(error, match="^" + re.escape(message)):
+        call(translator)
+
+
+@pytest.mark.parametrize("allow_empty", [False, True], ids=["refused", "allow-empty"])
+def test_evaluating_an_empty_output_file_is_one_line(allow_empty: bool, tmp_path: Path,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    """Empty hypothesis and reference files gave sacreBLEU's IndexError, with --allow-empty or not."""
+    hyp, ref = tmp_path / "empty.hyp", tmp_path / "empty.ref"
+    hyp.write_text("")
+    ref.write_text("")
+    message = failing(capsys, "evaluate", "--hyp", str(hyp), "--ref", str(ref), *(["--allow-empty"] * allow_empty))
+    assert message == (f"{hyp}: no hypothesis lines: nothing to score (allow_empty accepts empty lines, not an "
+                       "empty file)")
+    with pytest.raises(DataError, match="^hypotheses: no hypothesis lines: nothing to score"):
+        structnmt.evaluate([], [[]], allow_empty=allow_empty)
+
+
+@pytest.fixture
+def no_wide_search(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A search wider than 1000 fails at once instead of running for minutes into many GB (as it did)."""
+    import structnmt.model.search as search
+
+    real = search.translate_batch
+
+    def guarded(model, batch, beam=5, *args, **kwargs):
+        assert beam <= 1000, f"a beam of {beam} was searched"
+        return real(model, batch, beam, *args, **kwargs)
+
+    monkeypatch.setattr("structnmt.decoding.translate.translate_batch", guarded)
+
+
+def test_a_beam_over_the_limit_is_refused_naming_it(demo: Path, no_wide_search: None, monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    why = "(search memory and time grow with the beam; one wider than the target vocabulary finds nothing more)"
+    monkeypatch.chdir(demo)
+    translator = structnmt.load("demo/run/last.pt", "cpu")
+    with pytest.raises(ConfigError, match=r"^beam: must be at most 1000, got 1000000 \(search memory"):
+        translator.translate(["the dog ."], beam=10**6)
+    with pytest.raises(ConfigError, match=r"^n: must be at most 1000, got 5000"):
+        translator.nbest(["the dog ."], 5000)
+    beam = failing(capsys, *translate_args(demo, "--beam", "1000000"))
+    assert beam == f"--beam: must be at most 1000, got 1000000 {why}"
+    nbest = failing(capsys, *translate_args(demo, "--nbest", "5000"))
+    assert nbest.startswith("--nbest: must be at most 1000, got 5000")
+    assert failing(capsys, "test", "demo/run", "--beam", "1000000", "--device", "cpu") == beam
+    # decoding.beam in a config: BAD_NUMBERS["decoding.beam=1000000"]
+    assert translator.translate(["the dog ."], beam=1000)  # the limit itself is searched (cut to the vocabulary)
+
+
+def test_a_beam_wider_than_the_vocabulary_is_cut_to_it(demo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Beam (and nbest) past the target vocabulary are searched as the vocabulary's size, and a wide
+    beam's batches are cut so that sentences x beam x vocabulary stays under SEARCH_ELEMENTS."""
+    import structnmt.decoding.translate as translate
+    import structnmt.model.search as search
+
+    monkeypatch.chdir(demo)
+    translator = structnmt.load("demo/run/last.pt", "cpu")
+    vocab = translator.model.tgt_embed.num_embeddings
+    assert vocab < 1000
+    searched: list[tuple[int, int, int]] = []  # (sentences, beam, nbest)
+
+    def fake(model, batch, beam, length_penalty, max_len_a, max_len_b, nbest):
+        searched.append((batch.src.shape[0], beam, nbest))
+        return [[search.Hypothesis([], 0.0, 0.0)] * nbest for _ in range(batch.src.shape[0])]
+
+    monkeypatch.setattr(search, "beam_search", fake)
+    monkeypatch.setattr(translate, "SEARCH_ELEMENTS", 2 * vocab * vocab)  # two sentences at the widest beam
+    out = translator.nbest(["the dog .", "a cat .", "the clock .", "a dog sees .", "the cat ."], vocab + 50)
+    assert searched == [(2, vocab, vocab), (2, vocab, vocab), (1, vocab, vocab)]
+    assert [len(hyps) for hyps in out] == [vocab] * 5
+
+
+def test_training_with_no_limit_says_at_the_start_how_it_ends(prepared: Path, capsys: pytest.CaptureFixture,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """max_steps, max_epochs and max_minutes all 0 trained without end and without a word."""
+    from structnmt.training.trainer import Trainer
+
+    monkeypatch.setattr(Trainer, "_loop", lambda self, log: "interrupted")  # the start is what is checked
+    code, _, err = cli(capsys, "train", str(prepared), "--set", "training.max_steps=0", "--set",
+                       "training.valid_every=0")
+    assert code == 75, err
+    assert ("warning: training.max_steps, max_epochs and max_minutes are 0 (no limit): training stops only when "
+            "stopped (Ctrl-C or SIGTERM; --resume continues it); set one of them, or training.early_stopping, for "
+            "it to end by itself\n") in err
+    for limit in ("training.max_steps=5", "training.max_epochs=1", "training.max_minutes=1"):  # the control
+        code, _, err = cli(capsys, "train", str(prepared), "--set", "training.max_steps=0", "--set", limit,
+                           "--set", "training.valid_every=0")
+        assert code == 75 and "no limit" not in err, (limit, err)
+
+
+# ---------------------------------------------------------------------------
+# issue 28, item 3: a slip anywhere in any split; an evaluation split emptied by cleaning
+
+
+def slipped(lines: list[str], added: int, lost: int) -> list[str]:
+    """A blank line added before ``added`` and the line then numbered ``lost`` deleted (1-based):
+    the lines in between are shifted by one, those after are in step again; the length is kept."""
+    out = blank_at(lines, added)
+    return out[:lost - 1] + out[lost:] + [lines[-1]]
+
+
+def with_split(config: Path, name: str, src: list[str], tgt: list[str]) -> Path:
+    """``config`` with a split ``name`` of these lines (files ``NAME.en`` and ``NAME.de`` beside it)."""
+    root = config.parent
+    (root / f"{name}.en").write_text("".join(s + "\n" for s in src), encoding="utf-8")
+    (root / f"{name}.de").write_text("".join(t + "\n" for t in tgt), encoding="utf-8")
+    raw = yaml.safe_load(config.read_text())
+    raw["data"]["splits"][name] = {"src": str(root / f"{name}.en"), "tgt": str(root / f"{name}.de")}
+    config.write_text(yaml.safe_dump(raw))
+    return config
+
+
+def test_a_slip_in_the_last_50_lines_is_found(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The 200-pair windows checked every 50 pairs never judged a file's last ~130 lines."""
+    from structnmt.data.corpus import AlignmentWatch
+
+    src, tgt = lengths_corpus(3000)
+    config = plain_experiment(tmp_path, blank_at(src, 2960), tgt)  # 41 pairs shifted, up to the last line
+    message = failing(capsys, "prepare", str(config))
+    assert message.startswith(f"{tmp_path / 'train.en'}:2960: source and target stop matching here: from this "
+                              "line on, source line n reads like the translation of target line n-1"), message
+    assert not (tmp_path / "dataset").exists()
+    lost = AlignmentWatch()  # a target line lost (no blank line to point at), 40 lines from the end
+    for number, (s, t) in enumerate(zip(src, tgt[:2959] + tgt[2960:] + ["lost"]), start=1):
+        lost.add(number, s, t)
+    line, offset = lost.finish()
+    assert offset == 1 and abs(line - 2960) <= 3, (line, offset)
+
+
+def test_a_200_line_split_shifted_at_line_50_is_found(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """Splits under 206 pairs were never checked; one too short to be checked now says so."""
+    config = plain_experiment(tmp_path, *lengths_corpus(600))
+    val_src, val_tgt = lengths_corpus(200, seed=1)
+    with_split(config, "val", blank_at(val_src, 50), val_tgt)
+    message = failing(capsys, "prepare", str(config))
+    assert message.startswith(f"{tmp_path / 'val.en'}:50: source and target stop matching here: from this line "
+                              "on, source line n reads like the translation of target line n-1"), message
+    with_split(config, "val", val_src[:8], val_tgt[:8])
+    code, out, err = cli(capsys, "prepare", str(config))
+    assert code == 0, err
+    assert (f"val: note: {tmp_path / 'val.en'}: only 8 pairs: too few to check that source and target lines "
+            "match (the check needs at least 20); not checked") in out
+
+
+def test_a_file_that_cannot_be_checked_says_why() -> None:
+    """Too short to fit the model to, or lengths that tell nothing: not checked, and said (not refused)."""
+    from structnmt.data.corpus import AlignmentWatch
+
+    short = AlignmentWatch()
+    for number, (s, t) in enumerate(zip(*lengths_corpus(8)), start=1):
+        short.add(number, s, t)
+    assert short.finish() is None
+    assert short.unchecked == ("only 8 pairs: too few to check that source and target lines match (the check "
+                               "needs at least 20); not checked")
+    constant = AlignmentWatch()
+    for number in range(1, 1001):
+        constant.add(number, "a b c", "x y z")
+    assert constant.finish() is None
+    assert constant.unchecked == ("the lengths of source and target lines do not follow each other in the first "
+                                  "1000 pairs (as a translation's do) at any offset up to 3 lines, so they cannot "
+                                  "tell whether the lines match; not checked")
+    aligned = AlignmentWatch()
+    for number, (s, t) in enumerate(zip(*lengths_corpus(300)), start=1):
+        aligned.add(number, s, t)
+    assert aligned.finish() is None and aligned.unchecked is None
+
+
+def test_a_local_slip_of_80_pairs_is_found(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A blank line added at 1,000 and a line deleted at 1,080: no 200-pair window was mostly shifted."""
+    from structnmt.data.corpus import AlignmentWatch
+
+    src, tgt = lengths_corpus(2000)
+    message = failing(capsys, "prepare", str(plain_experiment(tmp_path, slipped(src, 1000, 1080), tgt)))
+    assert message.startswith(f"{tmp_path / 'train.en'}:1000: source and target stop matching here: from this "
+                              "line on, source line n reads like the translation of target line n-1"), message
+    watch = AlignmentWatch()  # the same slip on the target side
+    for number, (s, t) in enumerate(zip(src, slipped(tgt, 1000, 1080)), start=1):
+        watch.add(number, s, t)
+    assert watch.finish() == (1000, -1)
+
+
+def test_slips_in_real_multi30k_splits_are_found_and_clean_splits_pass_with_a_margin() -> None:
+    """Multi30k (../shared): every split of En-De and En-Fr passes, its highest CUSUM score at most
+    60% of the threshold (12.1 of 25 measured, train En-De); a slip in the last 50 lines of the
+    loosest split (MSCOCO En-De), a 200-line split shifted at line 50 and an 80-pair slip are found."""
+    import gzip
+
+    from structnmt.data.corpus import AlignmentWatch
+    from tests.conftest import shared_path
+
+    def read(name: str) -> list[str]:
+        with gzip.open(shared_path("data", "multi30k", name), "rt", encoding="utf-8") as handle:
+            return handle.read().splitlines()
+
+    def watch(src: list[str], tgt: list[str]) -> AlignmentWatch:
+        seen = AlignmentWatch()
+        for number, (s, t) in enumerate(zip(src, tgt), start=1):
+            if seen.add(number, s, t):
+                break
+        seen.finish()
+        return seen
+
+    for split in ("train", "val", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco"):
+        src = read(f"{split}.en.gz")
+        for lang in ("de", "fr"):
+            clean = watch(src, read(f"{split}.{lang}.gz"))
+            assert clean.broken is None and clean.unchecked is None, (split, lang)
+            assert clean.peak <= 0.6 * clean.threshold, (split, lang, clean.peak)
+    src, tgt = read("test_2017_mscoco.en.gz"), read("test_2017_mscoco.de.gz")
+    assert watch(blank_at(src, len(src) - 49), tgt).broken == (len(src) - 49, 1)
+    src, tgt = read("val.en.gz"), read("val.de.gz")
+    assert watch(blank_at(src[:200], 50), tgt[:200]).broken == (50, 1)
+    src, tgt = read("train.en.gz"), read("train.fr.gz")
+    assert watch(src, slipped(tgt, 1000, 1080)).broken == (1000, -1)
+
+
+def test_a_validation_split_emptied_by_cleaning_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """It used to be prepared, and `train` then failed on a split without arrays."""
+    src, tgt = lengths_corpus(300)
+    config = with_split(plain_experiment(tmp_path, src, tgt), "val", src[:5], [""] * 5)
+    message = failing(capsys, "prepare", str(config))
+    assert message == (f"{tmp_path / 'val.en'}: no sentence pair of the val split is left after cleaning "
+                       "(dropped: {'empty': 5}); every split needs at least one")
+    assert not (tmp_path / "dataset").exists()
+
+
+# ---------------------------------------------------------------------------
+# issue 28, item 4: damaged offsets; a byte-order mark; an incomplete meta.json
+
+
+DAMAGED_OFFSETS = {
+    3: "offsets are out of order: offsets[5] = 3 (where sentence 6 starts) is below offsets[4] = ",
+    99999999: "offsets[5] = 99999999 (where sentence 6 starts) is outside the ",
+}
+
+
+@pytest.mark.parametrize("value", sorted(DAMAGED_OFFSETS))
+def test_damaged_offsets_are_named_when_the_dataset_opens(value: int, prepared: Path, tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture) -> None:
+    """Out of order they sliced garbage silently; past the data they read as a sentence of 99999901 sub-words."""
+    offsets = tmp_path / "dataset" / "train" / "src.ids.offsets.npy"
+    stored = np.load(offsets, mmap_mode="r+")
+    stored[5] = value
+    stored.flush()
+    del stored
+    message = failing(capsys, "train", str(prepared), "--set", "training.valid_every=0")
+    assert message.startswith(f"{offsets}: {DAMAGED_OFFSETS[value]}"), message
+    assert message.endswith("the file is damaged; rebuild the dataset with `structnmt prepare CONFIG --force`")
+    assert not (tmp_path / "run" / "last.pt").exists()
+
+
+def test_a_conllu_file_with_a_byte_order_mark_is_read(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A byte-order mark (as Windows editors write one) is no part of the first line or tree."""
+    import codecs
+
+    from tests.test_bad_input import corpus
+
+    config = experiment(tmp_path)
+    for name in ("train.conllu", "train.en"):
+        (tmp_path / name).write_bytes(codecs.BOM_UTF8 + (tmp_path / name).read_bytes())
+    code, _, err = cli(capsys, "prepare", str(config))
+    assert code == 0, err
+    first = (tmp_path / "dataset" / "train" / "raw.src.txt").read_text(encoding="utf-8").splitlines()[0]
+    assert first == corpus()[0][0]
+
+
+def test_a_reference_with_a_byte_order_mark_scores_as_without(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """An identical hypothesis scored 96.68 BLEU against a reference that starts with a byte-order mark."""
+    import codecs
+
+    from structnmt.cli.main import _read_input
+
+    text = "".join(f"the {w} dog sees a cat near the river bank .\n" for w in ("old", "red", "big", "tall"))
+    (tmp_path / "hyp.txt").write_text(text, encoding="utf-8")
+    (tmp_path / "ref.txt").write_bytes(codecs.BOM_UTF8 + text.encode())
+    for hyp, ref in (("hyp.txt", "ref.txt"), ("ref.txt", "hyp.txt")):
+        code, out, err = cli(capsys, "evaluate", "--hyp", str(tmp_path / hyp), "--ref", str(tmp_path / ref))
+        assert code == 0, err
+        assert out.startswith("BLEU = 100.00 "), (hyp, out)
+    assert _read_input(str(tmp_path / "ref.txt"))[0] == "the old dog sees a cat near the river bank ."  # translate
+
+
+INCOMPLETE_META = {
+    "empty": ({}, "'data' (the data config it was prepared from) is missing"),
+    "subwords_null": ({"subwords": None}, "'subwords' (the sub-word model of each side) is null"),
+}
+
+
+def incomplete_meta(directory: Path, case: str) -> Path:
+    """``directory``'s meta.json made incomplete as ``INCOMPLETE_META[case]`` says; returns its path."""
+    meta = directory / "meta.json"
+    change, _ = INCOMPLETE_META[case]
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), **change} if change else {}))
+    return meta
+
+
+@pytest.mark.parametrize("case", sorted(INCOMPLETE_META))
+def test_an_incomplete_meta_json_is_named_by_train_and_translate(
+        case: str, prepared: Path, demo: Path, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """`{}` was a KeyError 'data' in train (and another vocabulary in translate); `subwords: null` a TypeError."""
+    expected = (f"{INCOMPLETE_META[case][1]}: the dataset description is incomplete; the dataset is damaged: "
+                "rebuild it with `structnmt prepare CONFIG --force`")
+    meta = incomplete_meta(tmp_path / "dataset", case)
+    assert failing(capsys, "train", str(prepared), "--set", "training.valid_every=0") == f"{meta}: {expected}"
+    damaged = tmp_path / "demo_dataset"
+    shutil.copytree(demo / "demo/dataset", damaged)
+    meta = incomplete_meta(damaged, case)
+    assert failing(capsys, *translate_args(demo, "--dataset", str(damaged))) == f"{meta}: {expected}"
+
+
+def items_3_and_4_cli_cases(demo: Path, root: Path) -> list[list[str]]:
+    """The command-line fault cases of issue 28, items 3 and 4, made under ``root``: slips in the
+    last lines, in a short split and over 80 pairs, an emptied split, damaged offsets and meta.json."""
+    cases: list[list] = []
+
+    def fresh(name: str) -> Path:
+        (root / name).mkdir(parents=True)
+        return root / name
+
+    src, tgt = lengths_corpus(600)
+    cases.append(["prepare", plain_experiment(fresh("tail"), blank_at(src, 570), tgt)])
+    val_src, val_tgt = lengths_corpus(200, seed=1)
+    cases.append(["prepare", with_split(plain_experiment(fresh("short"), src, tgt), "val", blank_at(val_src, 50),
+                                        val_tgt)])
+    long_src, long_tgt = lengths_corpus(2000)
+    cases.append(["prepare", plain_experiment(fresh("local"), slipped(long_src, 1000, 1080), long_tgt)])
+    cases.append(["prepare", with_split(plain_experiment(fresh("emptied"), src, tgt), "val", src[:5], [""] * 5)])
+    config = experiment(fresh("prepared"))
+    structnmt.prepare(config, verbose=False)
+    for value in DAMAGED_OFFSETS:
+        copy = root / f"offsets_{value}"
+        shutil.copytree(root / "prepared" / "dataset", copy)
+        stored = np.load(copy / "train" / "src.ids.offsets.npy", mmap_mode="r+")
+        stored[5] = value
+        stored.flush()
+        del stored
+        cases.append(["train", config, "--set", f"data.dir={copy}", "--set", "training.valid_every=0"])
+    for case in INCOMPLETE_META:
+        copy = root / f"meta_{case}"
+        shutil.copytree(root / "prepared" / "dataset", copy)
+        incomplete_meta(copy, case)
+        cases.append(["train", config, "--set", f"data.dir={copy}", "--set", "training.valid_every=0"])
+        copy = root / f"demo_meta_{case}"
+        shutil.copytree(demo / "demo/dataset", copy)
+        incomplete_meta(copy, case)
+        cases.append(translate_args(demo, "--dataset", str(copy)))
+    return [[str(arg) for arg in argv] for argv in cases]

@@ -58,12 +58,15 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_average(args: argparse.Namespace) -> int:
-    out = api.average(args.checkpoints, args.out)
+    out = api.average(args.checkpoints, args.out, across_runs=args.across_runs)
     print(f"averaged {len(args.checkpoints)} checkpoints into {out}")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from structnmt.decoding.ctranslate2_export import check_quantization
+
+    check_quantization(args.quantization, "--quantization")  # named as typed, before the model loads
     out = api.export_ctranslate2(args.checkpoint, args.out_dir, dataset=args.dataset,
                                  quantization=args.quantization, force=args.force)
     print(f"CTranslate2 model written to {out}")
@@ -95,6 +98,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
                           "choose another output", "--output")
     if args.output:
         check_output_path(args.output, "--output")  # before the model is loaded, not after the work
+    _check_beams(args)
     translator = api.load(args.checkpoint, args.device, args.dataset)
     lines = _read_input(args.input)
     settings = {"beam": args.beam, "length_penalty": args.length_penalty, "max_len_a": args.max_len_a,
@@ -120,7 +124,17 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_beams(args: argparse.Namespace) -> None:
+    """``--beam``/``--nbest`` over :data:`structnmt.config.MAX_BEAM`, named as typed, before the model loads."""
+    from structnmt.config import check_beam
+
+    for option in ("beam", "nbest"):
+        if getattr(args, option, None) is not None:
+            check_beam(getattr(args, option), f"--{option}")
+
+
 def cmd_test(args: argparse.Namespace) -> int:
+    _check_beams(args)
     api.test(args.run, args.checkpoint, args.splits, args.beam, args.device, long_dependency=args.long_dependency,
              verbose=True)
     return 0
@@ -136,7 +150,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_demo(args: argparse.Namespace) -> int:
     """Synthetic data -> prepare -> train -> beam search -> BLEU, in a few minutes on a CPU."""
-    api.demo(args.work, args.minutes, args.train_size, args.seed, parse_overrides(args.set), steps=args.steps)
+    api.demo(args.work, args.minutes, args.train_size, args.seed, parse_overrides(args.set), steps=args.steps,
+             force=args.force)
     return 0
 
 
@@ -210,6 +225,7 @@ def cmd_study(args: argparse.Namespace) -> int:
         raise ConfigError("--baseline only changes a report: give --report with it")
     if args.report:
         print(f"report written to {api.study_report(args.study, args.out, args.baseline)}")
+        _no_damaged_records(args.study)
         return 0
     result = api.run_study(args.study, jobs=args.jobs, executor=args.executor, only=args.only)
     print(format_status(api.study_status(args.study)))
@@ -223,9 +239,46 @@ def cmd_study(args: argparse.Namespace) -> int:
     return 0 if not left else 1
 
 
+def _no_damaged_records(study_file: str) -> None:
+    """The report lists damaged records; the command also ends with one error line (status 2)
+    naming the first, so that a damaged record is not passed over in a report's small print."""
+    from structnmt.study import load_study
+    from structnmt.study.runs import record_damage
+
+    study = load_study(study_file)
+    damaged = [why for recipe, seed in study.runs() if (why := record_damage(study, recipe, seed)) is not None]
+    if damaged:
+        raise DataError(f"{len(damaged)} damaged record(s), listed in the report; the first: {damaged[0]}")
+
+
+def cmd_study_compare(args: argparse.Namespace) -> int:
+    api.study_compare(args.study, args.recipe, args.seed, args.other, seed_of=args.seed_of,
+                      any_recipe=args.any_recipe, say=lambda line: print(line, flush=True))
+    return 0
+
+
+def study_compare_parser() -> argparse.ArgumentParser:
+    """``structnmt study compare``: its own parser, as ``structnmt study`` takes a study file first."""
+    from structnmt.study import compare
+
+    s = argparse.ArgumentParser(prog="structnmt study compare", description=compare.__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    s.add_argument("study", metavar="STUDY", help="study file (YAML)")
+    s.add_argument("recipe", metavar="RECIPE", help="a recipe of the study")
+    s.add_argument("seed", metavar="SEED", type=int, help="the seed whose study record is B")
+    s.add_argument("other", metavar="OTHER_RECORD", help="the other record folder (A): record.json and hyps/")
+    s.add_argument("--seed-of", dest="seed_of", type=int, nargs=2, metavar=("SEED", "SEED"),
+                   help="also compare these two seeds of the recipe in the study (the yardstick)")
+    s.add_argument("--any-recipe", dest="any_recipe", action="store_true",
+                   help="compare a record of another recipe or config (another training digest) knowingly")
+    s.set_defaults(func=cmd_study_compare)
+    return s
+
+
 #: what a study run that did not end "done" means for the user
 STUDY_STATUS_HINTS = {
     "busy": "another process is running it; its record appears when that one ends",
+    "damaged": "its record is damaged: --status names the file and what to do",
     "failed": "its error is in the status table",
     "interrupted": "the same command resumes it",
 }
@@ -286,6 +339,8 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("average", help="average checkpoints")
     s.add_argument("checkpoints", nargs="+")
     s.add_argument("--out", required=True)
+    s.add_argument("--across-runs", dest="across_runs", action="store_true",
+                   help="average checkpoints of different runs (seeds) too: the mean is usually a worse model")
     s.set_defaults(func=cmd_average)
 
     def decoding_options(s: argparse.ArgumentParser) -> None:
@@ -331,6 +386,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--train-size", dest="train_size", type=int, default=20000)
     s.add_argument("--seed", type=int, default=1)
     s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--force", action="store_true",
+                   help="use --work even though it holds files the demo did not write (its data/, dataset/ "
+                        "and run/ are replaced)")
     s.set_defaults(func=cmd_demo)
 
     s = sub.add_parser("report", help="one Markdown table over several runs, with significance marks")
@@ -417,7 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu")
     s.set_defaults(func=cmd_inspect)
 
-    s = sub.add_parser("study", help="recipes x seeds at one update budget: train, test, records, report")
+    s = sub.add_parser("study", help="recipes x seeds at one update budget: train, test, records, report",
+                       epilog="structnmt study compare STUDY RECIPE SEED OTHER_RECORD [--seed-of S T]: another "
+                              "record of a run beside the study's (structnmt study compare -h)")
     s.add_argument("study", help="study file (YAML; see structnmt/study/spec.py)")
     s.add_argument("--status", action="store_true", help="print where every run stands and exit")
     s.add_argument("--report", action="store_true", help="write the report from the records and exit")
@@ -449,7 +509,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["study", "compare"]:  # `structnmt study FILE` takes a study file where this takes a word
+        args = study_compare_parser().parse_args(argv[2:])
+    else:
+        args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
     except StructNMTError as err:

@@ -77,7 +77,9 @@ def _lines(archive: Path, suffix: str) -> Iterator[str]:
             for raw in handle:
                 yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
     except (tarfile.TarError, OSError, EOFError) as err:
-        raise DataError(f"cannot read the archive: {err}", archive) from None
+        why = " ".join(str(err).split())  # tarfile lists each method it tried on a line of its own: one line here
+        raise DataError(f"cannot read the archive: {why} (if it was downloaded, delete it and run the command "
+                        "again to fetch it again)", archive) from None
 
 
 def _write(path: Path, lines) -> int:

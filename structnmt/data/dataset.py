@@ -316,6 +316,56 @@ def read_meta(directory: str | Path) -> dict:
     return meta
 
 
+def check_meta(meta: dict, directory: str | Path) -> dict:
+    """``meta`` when it has what training and translating read from it: the data config (``data``)
+    and each side's sub-word model (``subwords.<side>.file``); else one error naming meta.json and
+    the entry, not a KeyError or TypeError from deep inside."""
+    def refuse(entry: str, holder: dict, key: str, wanted: str) -> DataError:
+        value = holder.get(key)
+        found = "missing" if key not in holder else "null" if value is None else \
+            f"{json.dumps(value, ensure_ascii=False)[:40]}, not {wanted}"
+        return DataError(f"{entry} is {found}: the dataset description is incomplete; the dataset is damaged: "
+                         "rebuild it with `structnmt prepare CONFIG --force`", Path(directory) / "meta.json")
+
+    if not isinstance(meta.get("data"), dict):
+        raise refuse("'data' (the data config it was prepared from)", meta, "data", "an object")
+    subwords = meta.get("subwords")
+    if not isinstance(subwords, dict):
+        raise refuse("'subwords' (the sub-word model of each side)", meta, "subwords", "an object")
+    for side in SIDES:
+        info = subwords.get(side)
+        if not isinstance(info, dict):
+            raise refuse(f"'subwords.{side}' (the {side} side's sub-word model)", subwords, side, "an object")
+        if not isinstance(info.get("file"), str) or not info["file"]:
+            raise refuse(f"'subwords.{side}.file' (the {side} side's sub-word model)", info, "file", "a file name")
+    return meta
+
+
+def check_offsets(offsets: np.ndarray, values: int, path: Path) -> None:
+    """Offsets that start at 0, never go down and stay within the ``values`` of their data file.
+
+    Damaged ones would slice garbage (or another sentence) silently, or be met much later as a
+    sentence of absurd length; they are named when the dataset opens. One pass over the file.
+    """
+    damaged = "the file is damaged; rebuild the dataset with `structnmt prepare CONFIG --force`"
+    if offsets.ndim != 1 or not np.issubdtype(offsets.dtype, np.integer) or len(offsets) == 0:
+        raise DataError(f"not an offsets array (shape {offsets.shape}, dtype {offsets.dtype}); {damaged}", path)
+    offsets = np.asarray(offsets)  # a view of the map, not a copy
+    outside = np.flatnonzero((offsets < 0) | (offsets > values))
+    if len(outside):
+        at = int(outside[0])
+        raise DataError(f"offsets[{at}] = {int(offsets[at])} (where sentence {at + 1} starts) is outside the "
+                        f"{values} values of {path.name.replace('.offsets.npy', '.data.npy')}; {damaged}", path)
+    if int(offsets[0]) != 0:
+        raise DataError(f"offsets[0] = {int(offsets[0])}, not 0: the first sentence must start at the start of the "
+                        f"data; {damaged}", path)
+    down = np.flatnonzero(np.diff(offsets) < 0)
+    if len(down):
+        at = int(down[0]) + 1
+        raise DataError(f"offsets are out of order: offsets[{at}] = {int(offsets[at])} (where sentence {at + 1} "
+                        f"starts) is below offsets[{at - 1}] = {int(offsets[at - 1])}; {damaged}", path)
+
+
 class ParallelDataset:
     """One split of a prepared dataset; every array is memory-mapped unless ``mmap=False``."""
 
@@ -334,6 +384,7 @@ class ParallelDataset:
                 offsets = np.load(offsets_file, mmap_mode="r" if mmap else None)
             except (OSError, ValueError) as err:
                 raise DataError(f"cannot read stored array: {err}", data_file) from err
+            check_offsets(offsets, len(data), offsets_file)
             self.arrays.setdefault(side, {})[name] = (data, offsets)
         if "src" not in self.arrays or "ids" not in self.arrays["src"]:
             raise DataError("split has no source ids (src.ids.data.npy)", self.path)

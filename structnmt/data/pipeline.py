@@ -93,9 +93,9 @@ class Preprocessor:
     def from_dataset(cls, dir: str | Path) -> Preprocessor:
         """Rebuild the preprocessing of a prepared dataset from its ``meta.json``."""
         dir = Path(dir)
-        from structnmt.data.dataset import read_meta
+        from structnmt.data.dataset import check_meta, read_meta
 
-        meta = read_meta(dir)
+        meta = check_meta(read_meta(dir), dir)  # `{}` or `subwords: null`: one line naming meta.json
         data = from_dict(DataConfig, meta["data"], "data")
         models: dict[str, SubwordModel] = {}
         for side in SIDES:

@@ -140,6 +140,11 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
         dropped = {k: v for k, v in train.items() if k not in ("read", "kept") and v}
         raise DataError(f"no sentence pair of the training split is left after cleaning (dropped: {dropped})",
                         split_path(data.splits[data.train_split]))
+    for split, info in splits.items():  # an empty evaluation split would only fail later, in `train`
+        if not info["clean"]["kept"]:
+            dropped = {k: v for k, v in info["clean"].items() if k not in ("read", "kept") and v}
+            raise DataError(f"no sentence pair of the {split} split is left after cleaning (dropped: {dropped}); "
+                            "every split needs at least one", split_path(data.splits[split]))
     seconds["read_clean"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
@@ -183,6 +188,8 @@ def _aligned(pairs: Iterable[Pair], files: SplitFiles, split: str, allow: bool, 
     else:
         watch.finish()
         pairs = iter(())
+        if watch.unchecked is not None:  # too short, or lengths that say nothing: the user should know
+            say(f"{split}: note: {split_path(files)}: {watch.unchecked}")
     if watch.broken is not None:
         line, _ = watch.broken
         path = split_path(files)

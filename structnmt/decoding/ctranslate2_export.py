@@ -37,6 +37,23 @@ def require_ctranslate2() -> Any:
     return ctranslate2
 
 
+#: CTranslate2 4.x's weight types (``ctranslate2.specs.model_spec.ACCEPTED_MODEL_TYPES``), for when it is not installed
+QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
+
+
+def check_quantization(quantization: str | None, where: str = "quantization") -> None:
+    """Refuse a weight type CTranslate2 does not know, listing those it does, before the model is
+    loaded (CTranslate2 itself raises a ``ValueError`` only once the spec is built)."""
+    if quantization is None:
+        return
+    try:
+        from ctranslate2.specs.model_spec import ACCEPTED_MODEL_TYPES as known
+    except ImportError:
+        known = QUANTIZATIONS
+    if quantization not in known:
+        raise ConfigError(f"unknown weight type {quantization!r} (known: {', '.join(known)})", where)
+
+
 def why_not_exportable(model: Transformer) -> str | None:
     """Why ``model`` cannot run as a plain Transformer at translation time, or None."""
     for method in model.methods:
@@ -141,6 +158,7 @@ def export_ctranslate2(checkpoint: str | Path, out_dir: str | Path, dataset: str
     """Write ``checkpoint``'s model as a CTranslate2 model directory (``model.bin``, vocabularies)."""
     from structnmt.decoding.translator import load_translator
 
+    check_quantization(quantization)
     out = Path(out_dir)
     if out.exists() and any(out.iterdir()) and not force:
         raise ConfigError(f"{out} exists and is not empty (give another directory, or --force)", "out_dir")

@@ -21,17 +21,27 @@ from structnmt.data.batching import collate, collate_examples
 from structnmt.data.dataset import ParallelDataset
 from structnmt.data.pipeline import Preprocessor
 from structnmt.errors import DataError
-from structnmt.model.search import Hypothesis, translate_batch
+from structnmt.model.search import Hypothesis, target_vocab_size, translate_batch
 from structnmt.model.transformer import Transformer
 
+#: float32 numbers one step of a beam search may hold in a tensor of scores (1 GiB): a batch whose
+#: sentences x beam x target vocabulary would pass it is cut into smaller ones
+SEARCH_ELEMENTS = 1 << 28
 
-def length_batches(lengths: Sequence[int], max_tokens: int) -> list[np.ndarray]:
-    """Indices sorted by length (longest first), cut into batches of at most ``max_tokens``."""
+
+def search_sentences(model: Transformer, beam: int) -> int:
+    """Sentences one beam search may take at once: each holds ``beam`` rows of vocabulary scores."""
+    return max(1, SEARCH_ELEMENTS // (min(beam, target_vocab_size(model)) * target_vocab_size(model)))
+
+
+def length_batches(lengths: Sequence[int], max_tokens: int, max_sentences: int = 0) -> list[np.ndarray]:
+    """Indices sorted by length (longest first), cut into batches of at most ``max_tokens``
+    (and of at most ``max_sentences`` sentences, when that is > 0)."""
     order = np.argsort(-np.asarray(lengths, dtype=np.int64), kind="stable")
     batches, current, longest = [], [], 0
     for i in order:
         n = int(lengths[i]) + 1
-        if current and max(longest, n) * (len(current) + 1) > max_tokens:
+        if current and (max(longest, n) * (len(current) + 1) > max_tokens or len(current) == max_sentences):
             batches.append(np.asarray(current))
             current, longest = [], 0
         current.append(int(i))
@@ -120,7 +130,7 @@ def translate_lines(model: Transformer, pre: Preprocessor, lines: list[str], cfg
     lengths = [len(ex.src.ids) for ex in examples]
 
     def batches() -> Iterator[tuple[np.ndarray, Batch]]:
-        for idx in length_batches(lengths, cfg.max_tokens):
+        for idx in length_batches(lengths, cfg.max_tokens, search_sentences(model, cfg.beam)):
             yield idx, collate_examples([examples[i] for i in idx], fields, labels)
 
     hyps = _search(model, batches(), len(full), cfg, device)
@@ -163,12 +173,13 @@ def translate_split(model: Transformer, dataset: ParallelDataset, pre: Preproces
             truncated.extend(int(i) + 1 for i in long)
 
     def batches() -> Iterator[tuple[np.ndarray, Batch]]:
-        for part in length_batches(lengths[fitting], cfg.max_tokens):
+        for part in length_batches(lengths[fitting], cfg.max_tokens, search_sentences(model, cfg.beam)):
             idx = fitting[part]
             batch = collate(dataset, idx, fields)
             yield idx, Batch(batch.src, struct={"src": batch.struct["src"], "tgt": {}}, index=batch.index)
         if examples:
-            for part in length_batches([len(ex.src.ids) for ex in examples], cfg.max_tokens):
+            for part in length_batches([len(ex.src.ids) for ex in examples], cfg.max_tokens,
+                                       search_sentences(model, cfg.beam)):
                 yield long[part], collate_examples([examples[i] for i in part], fields, labels)
 
     hyps = _search(model, batches(), len(dataset), cfg, device)

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from structnmt.config import DecodingConfig, ExperimentConfig
+from structnmt.config import DecodingConfig, ExperimentConfig, check_beam
 from structnmt.data.batch import PAD_ID
 from structnmt.data.batching import collate_examples
 from structnmt.data.example import Example, Side
@@ -94,6 +94,10 @@ def load_translator(checkpoint: str | Path, device: str | torch.device | None = 
     if dataset is None:
         state = load_checkpoint(checkpoint)
         dataset = dataset_of_checkpoint(checkpoint, state.get("config") or {}, state.get("vocab"))
+    if (Path(dataset) / "meta.json").is_file():  # an incomplete one is named, not taken for another vocabulary
+        from structnmt.data.dataset import check_meta, read_meta
+
+        check_meta(read_meta(dataset), dataset)
     model, cfg, info = load_model(checkpoint, target, dataset_dir=dataset)
     return Translator(model, cfg, Preprocessor.from_dataset(dataset), Path(dataset), target, info)
 
@@ -102,10 +106,15 @@ def _sentences(sentences: str | Sequence[str]) -> list[str]:
     """A list of sentences; one string is one sentence (not a sequence of characters)."""
     if isinstance(sentences, str):
         return [sentences]
+    if isinstance(sentences, (bytes, bytearray)):  # a Sequence of ints: would read as "sentence 1 is a int"
+        raise DataError("got bytes, not a str: decode them first (text.decode('utf-8'))", "sentences")
     if not isinstance(sentences, Sequence):
         raise DataError(f"expected a str or a list of str, got {type(sentences).__name__}", "sentences")
     out = list(sentences)
     for number, sentence in enumerate(out, start=1):
+        if isinstance(sentence, (bytes, bytearray)):
+            raise DataError(f"sentence {number} is bytes, not a str: decode it first (text.decode('utf-8'))",
+                            "sentences")
         if not isinstance(sentence, str):
             raise DataError(f"sentence {number} is a {type(sentence).__name__}, not a str", "sentences")
     return out
@@ -140,6 +149,8 @@ class Translator:
 
         hints = typing.get_type_hints(DecodingConfig)
         given = {k: convert(hints[k], v, k) for k, v in changes.items() if v is not None}  # beam="5" names beam
+        if "beam" in given:
+            check_beam(given["beam"], "beam")  # before a search of 10**6 rows, naming the argument
         settings = dataclasses.replace(self.config.decoding, **given)
         settings.validate("decoding")
         return settings
@@ -148,6 +159,12 @@ class Translator:
               length_penalty: float | None = None, max_len_a: float | None = None,
               max_len_b: int | None = None, max_tokens: int | None = None) -> list[list[str]]:
         """The ``n`` best detokenised translations of every sentence, best first, in input order."""
+        from structnmt.config import convert
+
+        n = convert(int, n, "n")  # nbest(s, '2') names n, not a TypeError from max()
+        if n < 1:
+            raise ConfigError(f"must be at least 1, got {n}", "n")
+        check_beam(n, "n")  # n best need a beam of n
         settings = self.decoding(beam=beam if beam is not None else max(n, self.config.decoding.beam),
                                  nbest=n, length_penalty=length_penalty, max_len_a=max_len_a,
                                  max_len_b=max_len_b, max_tokens=max_tokens)
@@ -184,6 +201,10 @@ class Translator:
         heads, J, J), ``cross`` (layers, heads, J, I), labelled by ``source_tokens`` (I sub-words
         ending in ``</s>``) and ``target_tokens`` (J: ``<s>`` and the target's sub-words).
         """
+        for name, text in (("source", source), ("target", target)):
+            if not isinstance(text, str) and (name == "source" or text is not None):
+                raise ConfigError(f"expected one sentence (a str), got {type(text).__name__}: attention maps are "
+                                  "of one sentence pair at a time", name)
         (example,) = self.encode_sources([source])
         batch = collate_examples([example], self.source_fields(), self.labels)
         ids = None if target is None else self.target_ids(target)

@@ -30,7 +30,7 @@ def heads_from_conllu(path: str | Path) -> list[list[int]]:
     empty nodes are skipped: the heads of the syntactic words are kept)."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is dropped, not read as text
     except FileNotFoundError:
         raise DataError("file not found", path) from None
     except UnicodeDecodeError as err:

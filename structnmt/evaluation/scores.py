@@ -8,13 +8,14 @@ References follow sacreBLEU's layout: ``refs[k][n]`` is line ``n`` of reference 
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF, TER
 
-from structnmt.errors import DataError
+from structnmt.errors import ConfigError, DataError
 
 METRICS = ("bleu", "chrf", "ter", "ribes")
 
@@ -33,7 +34,7 @@ def read_text(path: str | Path) -> list[str]:
         raise DataError("file not found", path) from None
     except IsADirectoryError:
         raise DataError("is a directory, not a text file", path) from None
-    raw_lines = data.split(b"\n")
+    raw_lines = data.removeprefix(codecs.BOM_UTF8).split(b"\n")  # a byte-order mark is no part of line 1
     if raw_lines and raw_lines[-1] == b"":
         raw_lines.pop()
     lines = []
@@ -55,9 +56,24 @@ def _read(text: Text, name: str) -> tuple[list[str], str | Path]:
     """(lines, what to call them in errors)."""
     if isinstance(text, (str, Path)):
         return read_text(text), text
-    if not all(isinstance(line, str) for line in text):
-        raise TypeError(f"{name} must be a file or a list of sentences (str)")
+    if not _sentences(text):
+        raise ConfigError(f"expected a file (str or pathlib.Path) or a list of sentences (str), got "
+                          f"{_kind(text)}", name)
     return list(text), name
+
+
+def _sentences(value: object) -> bool:
+    """Whether ``value`` is a list (any sequence but bytes) of str."""
+    return (isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray))
+            and all(isinstance(line, str) for line in value))
+
+
+def _kind(value: object) -> str:
+    """What a wrong argument is, for a one-line error (``None``, ``int``, ``a list holding int``)."""
+    if isinstance(value, Sequence) and not isinstance(value, (str, bytes, bytearray)):
+        odd = next((v for v in value if not isinstance(v, str)), None)
+        return f"a {type(value).__name__} holding {type(odd).__name__}"
+    return "None" if value is None else type(value).__name__
 
 
 def read_parallel(
@@ -73,6 +89,10 @@ def read_parallel(
     """
     hyps, _ = _read(hypotheses, "hypotheses")
     where = hypotheses if isinstance(hypotheses, (str, Path)) else None  # errors name the file, if any
+    if not isinstance(references, (str, Path)) and (not isinstance(references, Sequence)
+                                                    or isinstance(references, (bytes, bytearray))):
+        raise ConfigError(f"expected a file (str or pathlib.Path), a list of sentences or a list of either, got "
+                          f"{_kind(references)}", "references")
     if isinstance(references, (str, Path)) or (len(references) and all(isinstance(r, str) for r in references)):
         streams = [references]
     else:
@@ -81,10 +101,16 @@ def read_parallel(
         raise DataError("no reference given", where)
     refs = []
     for k, stream in enumerate(streams, start=1):
+        if not isinstance(stream, (str, Path)) and not _sentences(stream):
+            raise ConfigError(f"expected a file or a list of sentences (str), got {_kind(stream)}",
+                              "references" if len(streams) == 1 else f"references[{k - 1}]")
         ref, name = _read(stream, str(k))  # type: ignore[arg-type]
         if len(ref) != len(hyps):
             raise DataError(f"{len(hyps)} hypothesis lines but {len(ref)} lines in reference {name}", where)
         refs.append(ref)
+    if not hyps:  # sacreBLEU would fail on hyps[0] (IndexError), with allow_empty or not
+        raise DataError("no hypothesis lines: nothing to score (allow_empty accepts empty lines, not an empty "
+                        "file)", where or "hypotheses")
     if not allow_empty:
         for number, hyp in enumerate(hyps, start=1):
             if not hyp.strip():
@@ -114,6 +140,8 @@ def make_metric(name: str, tokenize: str | None = None, trg_lang: str = "") -> B
 
 
 def _check_refs(hyps: Sequence[str], refs: Sequence[Sequence[str]]) -> None:
+    if not hyps:
+        raise DataError("no hypotheses: nothing to score")
     if not refs:
         raise DataError("no references given")
     if isinstance(refs[0], str):

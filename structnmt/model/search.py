@@ -35,6 +35,11 @@ def length_penalty(length: int | Tensor, alpha: float) -> float | Tensor:
     return ((5.0 + length) / 6.0) ** alpha
 
 
+def target_vocab_size(model: Transformer) -> int:
+    """Words the decoder chooses from at each step (a beam is cut to this)."""
+    return int(model.tgt_embed.num_embeddings)
+
+
 def _max_lengths(enc: EncoderOutput, a: float, b: int, limit: int) -> Tensor:
     src_len = (~enc.src_pad).sum(dim=1).float()
     return (a * src_len + b).long().clamp(min=1, max=limit)
@@ -171,7 +176,12 @@ def translate_batch(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam
                     length_penalty: float = _DEFAULTS.length_penalty,
                     max_len_a: float = _DEFAULTS.max_len_a, max_len_b: int = _DEFAULTS.max_len_b,
                     nbest: int = _DEFAULTS.nbest) -> list[list[Hypothesis]]:
-    """Beam search for ``beam > 1``, greedy decoding for ``beam == 1``; the model's mode is restored."""
+    """Beam search for ``beam > 1``, greedy decoding for ``beam == 1``; the model's mode is restored.
+
+    ``beam`` (and ``nbest`` with it) is cut to the size of the target vocabulary, the number of
+    candidates a first step has; config checks refuse beams over :data:`structnmt.config.MAX_BEAM`."""
+    beam = min(beam, target_vocab_size(model))
+    nbest = min(nbest, beam)
     was_training = model.training
     try:
         if beam == 1:

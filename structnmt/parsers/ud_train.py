@@ -69,7 +69,7 @@ PRESET_STEPS = {"en_ud": 2500, "de_ud": 1500}
 def _blocks(path: Path) -> Iterator[tuple[int, list[tuple[int, str]]]]:
     """Yield (first line, [(line number, line)]) for each blank-line separated block."""
     try:
-        handle = open(path, encoding="utf-8")
+        handle = open(path, encoding="utf-8-sig")  # -sig: a byte-order mark is dropped, not read as text
     except FileNotFoundError:
         raise DataError("CoNLL-U file not found", path) from None
     except OSError as exc:

@@ -278,7 +278,7 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
     Returns ``{"runs": {"recipe/seedN": status}, "report": path or None}``.
     """
     from structnmt.errors import ConfigError
-    from structnmt.study.executors import run_local, run_submitit
+    from structnmt.study.executors import check_device, run_local, run_submitit
     from structnmt.study.runs import adopt, adoptable, read_record, record_damage, stale_reason, write_failure
 
     study = load_study(path)
@@ -315,6 +315,8 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
             adopted += 1
             continue
         todo.append((recipe, seed))
+    if todo and kind != "slurm":  # a GPU asked for and not here: refused before anything is prepared or run
+        check_device(study, todo)
     if todo:
         bad = prepare_datasets(study, todo)
         runnable = []

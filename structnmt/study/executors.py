@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import subprocess
@@ -24,7 +25,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from structnmt.study.runs import BUSY, DONE, FAILED_STATUS, INTERRUPTED, execute_run, write_failure
+from structnmt.errors import ConfigError
+from structnmt.study.runs import BUSY, DONE, FAILED_STATUS, INTERRUPTED, RECORD, execute_run, write_failure
 from structnmt.study.spec import Study
 
 EXIT_TO_STATUS = {0: DONE, 75: INTERRUPTED, 3: BUSY}
@@ -111,9 +113,66 @@ def threads_per_run(configured: int, jobs: int) -> int:
     return min(configured, fair) if configured else fair
 
 
+def check_device(study: Study, runs: list[tuple[str, int]]) -> None:
+    """Refuse, before any run starts, runs that would train on a CUDA GPU this machine lacks
+    (the study file's ``executor.device``, else a recipe's ``training.device``); ``auto``
+    trains on the CPU where there is no GPU."""
+    import torch
+
+    for recipe, seed in runs:
+        device = study.run_config(recipe, seed).training.device
+        if not device.startswith("cuda"):
+            continue
+        where = "executor.device" if study.executor.device is not None else f"recipe {recipe!r}: training.device"
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            raise ConfigError(f"{device} asked for, but this machine has no CUDA GPU (torch {torch.__version__}); "
+                              "use auto or cpu to run on the CPU", where, study.path)
+        index = int(device.partition(":")[2] or 0)
+        if index >= count:
+            raise ConfigError(f"{device} asked for, but this machine has {count} CUDA GPU(s)", where, study.path)
+
+
+_COMMITTING = threading.Lock()  # one git call at a time: runs finish together, and git locks its index
+
+
+def commit_record(study: Study, recipe: str, seed: int) -> str:
+    """Commit a run's record folder, and only its files, to the git repository that holds it
+    (``executor.commit``), so that a machine lent for a while keeps every run that finished on
+    it. Returns the line to show: ``committed <commit>``, or a warning when git would not
+    (no repository, nothing to commit, git missing): never an error of the study."""
+    folder = study.record_dir(recipe, seed)
+    record: dict = {}
+    with contextlib.suppress(OSError, ValueError):  # only the commit message reads it
+        record = json.loads((folder / RECORD).read_text(encoding="utf-8"))
+    record = record if isinstance(record, dict) else {}
+    device = record.get("device") or "device unknown"
+    if str(device).startswith("cuda") and record.get("gpu"):
+        device = f"{device} {record['gpu']}"
+    scores = record.get("scores") or {}
+    test = next((t for t in study.test_sets or [] if t in scores), next(iter(scores), None))
+    bleu = (scores.get(test) or {}).get("bleu")
+    message = (f"{study.name}: {recipe} seed {seed} recorded ({device}, "
+               + (f"BLEU {bleu:.2f} {test})" if isinstance(bleu, (int, float)) else "no BLEU)"))
+    with _COMMITTING:
+        for step in (["add", "--", "."], ["commit", "-q", "-m", message, "--", "."], ["rev-parse", "--short", "HEAD"]):
+            try:
+                done = subprocess.run(["git", "-C", str(folder), *step], capture_output=True, text=True, timeout=120)
+            except (OSError, subprocess.SubprocessError) as err:
+                return f"warning: record not committed (git {step[0]}: {err})"
+            if done.returncode != 0:  # git's own words: its first error line, else its last ("nothing to commit")
+                errors = [line.strip() for line in done.stderr.splitlines() if line.strip() and "hint:" not in line]
+                said = errors[:1] or [line.strip() for line in done.stdout.splitlines() if line.strip()][-1:]
+                said = said or [f"status {done.returncode}"]
+                return f"warning: record not committed (git {step[0]}: {said[0]})"
+    return f"committed to git as {done.stdout.strip()}"
+
+
 def run_local(study: Study, runs: list[tuple[str, int]], jobs: int,
               report: Callable[[str, int, str], None]) -> dict[tuple[str, int], str]:
-    """Run each (recipe, seed) in its own niced process, ``jobs`` at a time."""
+    """Run each (recipe, seed) in its own niced process, ``jobs`` at a time (on one GPU too, with
+    ``executor.device: cuda``); with ``executor.commit`` each record is committed as it is written."""
+    check_device(study, runs)
     threads = threads_per_run(study.executor.threads, jobs)
     if study.executor.threads and threads < study.executor.threads:
         print(f"[study] {jobs} runs at once on {_cores()} cores: {threads} thread(s) each instead of the "
@@ -142,6 +201,8 @@ def run_local(study: Study, runs: list[tuple[str, int]], jobs: int,
             write_failure(study, recipe, seed, f"the run process ended with status {code}", log)
         results[run] = status
         report(recipe, seed, status)
+        if status == DONE and study.executor.commit:
+            report(recipe, seed, commit_record(study, recipe, seed))
 
     running: set[subprocess.Popen] = set()
     with ThreadPoolExecutor(max_workers=jobs) as pool, _terminate_as_interrupt():
@@ -162,10 +223,14 @@ class RunJob:
     """A study run as a submitit job; requeued (and so resumed) on pre-emption or timeout."""
 
     def __call__(self, study_path: str, recipe: str, seed: int, cwd: str) -> str:
+        from structnmt.study.provenance import select_gpu
         from structnmt.study.spec import load_study
 
         os.chdir(cwd)  # recipes name their files relative to the project's root
-        return execute_run(load_study(study_path), recipe, seed)
+        study = load_study(study_path)
+        with contextlib.suppress(Exception):  # so that the record names the GPU it trained on
+            select_gpu(study.run_config(recipe, seed).training.device)
+        return execute_run(study, recipe, seed)
 
     def checkpoint(self, *args, **kwargs):
         import submitit
@@ -180,8 +245,6 @@ def run_submitit(study: Study, runs: list[tuple[str, int]], cluster: str | None,
     try:
         import submitit
     except ImportError:
-        from structnmt.errors import ConfigError
-
         raise ConfigError("the slurm executor needs submitit (pip install submitit)", "executor.kind") from None
     s = study.slurm
     # how often submitit requeues a job on time-out or pre-emption: a constructor argument, not a parameter
@@ -222,4 +285,6 @@ def run_submitit(study: Study, runs: list[tuple[str, int]], cluster: str | None,
             report(recipe, seed, f"interrupted; resubmitted as job {job.job_id} ({attempts} of {s.max_requeue})")
         results[(recipe, seed)] = status
         report(recipe, seed, status)
+        if status == DONE and study.executor.commit:
+            report(recipe, seed, commit_record(study, recipe, seed))
     return results

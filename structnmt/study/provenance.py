@@ -49,9 +49,10 @@ def cpu_info() -> dict[str, Any]:
     return {"model": model, "isa": capability, "simd": [f for f in SIMD_FLAGS if f in flags]}
 
 
-def machine() -> dict[str, Any]:
+def machine(on_gpu: bool = True) -> dict[str, Any]:
     """The cores this process may use, the memory and the accelerator: what besides the CPU
-    model decides how fast a run went and which kernels it ran."""
+    model decides how fast a run went and which kernels it ran. ``on_gpu=False`` (a run that
+    trained on the CPU of a machine with a GPU) names no GPU."""
     import torch
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -63,9 +64,19 @@ def machine() -> dict[str, Any]:
                 break
     gpu = None
     with contextlib.suppress(Exception):
-        if torch.cuda.is_available():
+        if on_gpu and torch.cuda.is_available():
             gpu = torch.cuda.get_device_name(torch.cuda.current_device())
     return {"cores": cores, "memory_gib": memory, "gpu": gpu}
+
+
+def select_gpu(device: str) -> None:
+    """Make a run's GPU (``cuda:N``) the process's current one, so that :func:`machine` names the
+    GPU the run trains on rather than the first; nothing for any other device."""
+    import torch
+
+    kind, _, index = device.partition(":")
+    if kind == "cuda" and index.isdigit() and torch.cuda.is_available():
+        torch.cuda.set_device(int(index))
 
 
 def versions() -> dict[str, str | None]:

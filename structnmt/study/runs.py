@@ -124,27 +124,60 @@ def _read_json(path: Path, unreadable: dict[str, Any] | None) -> dict[str, Any] 
     return json.loads(path.read_text(encoding="utf-8"))
 
 
+def read_checked(folder: Path, recipe: str | None = None, seed: int | None = None
+                 ) -> tuple[dict[str, Any] | None, str | None]:
+    """(the record in ``folder``, None); (None, why it is damaged); (None, None) when there is none.
+
+    ``recipe`` and ``seed``: the run the folder stands for (see
+    :func:`structnmt.study.schema.record_problem`, the one check every reader goes through)."""
+    from structnmt.study.schema import record_problem
+
+    path = folder / RECORD
+    if not path.is_file():
+        return None, None
+    if (why := _json_damage(path)) is not None:
+        return None, why
+    record = json.loads(path.read_text(encoding="utf-8"))
+    why = record_problem(record, folder, recipe, seed)
+    return (None, why) if why is not None else (record, None)
+
+
 def read_record(study: Study, recipe: str, seed: int) -> dict[str, Any] | None:
     """The run's record; a damaged one (see :func:`record_damage`) reads as none."""
-    return _read_json(study.record_dir(recipe, seed) / RECORD, None)
+    return read_checked(study.record_dir(recipe, seed), recipe, seed)[0]
+
+
+def damage_message(path: Path, why: str) -> str:
+    """A damaged record named with what to do: its folder, as a missing hypothesis file is damage too."""
+    return (f"{path} is damaged: {why}; restore it from version control (git checkout -- {path.parent}), "
+            f"or delete {path.parent} to run it again")
 
 
 def record_damage(study: Study, recipe: str, seed: int) -> str | None:
-    """What is wrong with a run's ``record.json`` and what to do, or None when it is whole or absent.
+    """What is wrong with a run's record and what to do, or None when it is whole or absent.
 
     A record is written whole or not at all, so a damaged one was damaged afterwards (an editor,
-    a merge, a copy cut short): it is named, never taken for a run not yet done and trained over.
+    a merge, a copy cut short, a hand-made record): it is named, never taken for a run not yet
+    done and trained over, never read in part.
     """
-    path = study.record_dir(recipe, seed) / RECORD
-    why = _json_damage(path)
-    if why is None:
-        return None
-    return (f"{path} is damaged: {why}; restore it from version control (git checkout -- {path}), "
-            f"or delete {path.parent} to run it again")
+    folder = study.record_dir(recipe, seed)
+    _, why = read_checked(folder, recipe, seed)
+    return None if why is None else damage_message(folder / RECORD, why)
 
 
 def read_failure(study: Study, recipe: str, seed: int) -> dict[str, Any] | None:
     return _read_json(study.record_dir(recipe, seed) / FAILED, {"error": "unreadable failed.json"})
+
+
+def training_differences(cfg: Any, record: dict[str, Any]) -> list[str] | None:
+    """None when ``record`` was trained from ``cfg`` (its digest, or a view that differs only in
+    fields added since at their defaults); else up to three fields that differ (maybe none named)."""
+    from structnmt.training.checks import config_differences
+
+    if record.get("digest") == config_digest(cfg) or added_at_default(record.get("config") or {}, train_view(cfg)):
+        return None
+    fields = [k for k, _, _ in config_differences(record.get("config") or {}, train_view(cfg), "config")][:3]
+    return [f.removeprefix("config.") for f in fields]
 
 
 def stale_reason(study: Study, recipe: str, seed: int, record: dict[str, Any]) -> str | None:
@@ -157,9 +190,8 @@ def stale_reason(study: Study, recipe: str, seed: int, record: dict[str, Any]) -
     from structnmt.training.checks import config_differences
 
     cfg = study.run_config(recipe, seed)
-    if record.get("digest") != config_digest(cfg) and not added_at_default(record.get("config") or {}, train_view(cfg)):
-        fields = [k for k, _, _ in config_differences(record.get("config") or {}, train_view(cfg), "config")][:3]
-        return "recipe changed" + (f" ({', '.join(f.removeprefix('config.') for f in fields)})" if fields else "")
+    if (fields := training_differences(cfg, record)) is not None:
+        return "recipe changed" + (f" ({', '.join(fields)})" if fields else "")
     if record.get("test") != study.test_view(cfg):
         fields = [k for k, _, _ in config_differences(record.get("test") or {}, study.test_view(cfg), "test")][:3]
         return f"testing changed ({', '.join(f.removeprefix('test.') for f in fields)})"
@@ -258,8 +290,11 @@ def other_records(study: Study) -> list[tuple[Path, dict[str, Any]]]:
         own = study.records.resolve()
         found = []
         for path in files:
-            if own not in path.resolve().parents and _json_damage(path) is None:
-                found.append((path, json.loads(path.read_text(encoding="utf-8"))))
+            if own not in path.resolve().parents:
+                seed = path.parent.name.removeprefix("seed")
+                record, _ = read_checked(path.parent, path.parent.parent.name, int(seed) if seed.isdigit() else None)
+                if record is not None:  # a damaged record is adopted by nobody
+                    found.append((path, record))
         _OTHERS[key] = found
     return _OTHERS[key]
 
@@ -445,7 +480,8 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
         "train_seconds": summary["train_seconds"], "test_seconds": round(test_seconds, 1),
         "device": run_info.get("device"), "precision": run_info.get("precision"), "cpu": _cpu_name(),
         # the threads it trained with (the config's 0 means "the executor's share": read the calls)
-        "threads": cfg.training.threads or _trained_threads(run_dir), **machine(),
+        "threads": cfg.training.threads or _trained_threads(run_dir),
+        **machine(on_gpu=str(run_info.get("device") or "").startswith("cuda")),
         "host": socket.gethostname(), "torch": run_info.get("torch"),
         "structnmt": run_info.get("structnmt"), "sacrebleu": run_info.get("sacrebleu"),
         "parameters": run_info.get("parameters"),
@@ -500,6 +536,10 @@ def main(argv: list[str] | None = None) -> int:
     study = load_study(args[0])
     if len(args) > 3:  # threads for this run, chosen by the executor (not part of the digest)
         study.executor.threads = int(args[3])
+    from structnmt.study.provenance import select_gpu
+
+    with contextlib.suppress(Exception):  # so that the record names the GPU it trained on; errors: execute_run's
+        select_gpu(study.run_config(args[1], int(args[2])).training.device)
     status = execute_run(study, args[1], int(args[2]))
     return {DONE: 0, INTERRUPTED: 75, BUSY: 3}.get(status, 1)
 

@@ -13,7 +13,7 @@ recipes:
   - {name: transformer, config: configs/multi30k_en_de_transformer.yaml}
   - {name: pascal, config: configs/multi30k_en_de_pascal.yaml, overrides: {model.dropout: 0.3}}
   - {name: sasa, config: configs/multi30k_en_de_sasa.yaml, seeds: [1, 2, 3]}   # its own seeds
-executor: {kind: local, jobs: 1, threads: 2, nice: 10}
+executor: {kind: local, jobs: 1, threads: 2, nice: 10}   # device: cuda, commit: true (see docs/studies.md)
 slurm: {partition: gpu, time_min: 240, gpus_per_run: 1, cpus_per_run: 8, options: {account: nmt}}
 ```
 
@@ -84,11 +84,25 @@ class ExecutorSpec:
     jobs: int = 1  # local: runs at once
     threads: int = 0  # threads of each run; 0: the machine's cores divided by jobs
     nice: int = 10  # local: niceness of the run processes
+    # where every run trains: auto | cpu | cuda | cuda:N; None: each recipe's training.device.
+    # Where a run goes, like its threads: not part of the training digest (see Study.run_config)
+    device: str | None = None
+    commit: bool = False  # git-commit each run's record folder as soon as it is written
 
     def validate(self, where: str) -> None:
         _at_least(self.jobs, 1, f"{where}.jobs")
         _at_least(self.threads, 0, f"{where}.threads")
         _at_least(self.nice, 0, f"{where}.nice")
+        if self.device is not None and not _is_device(self.device):
+            raise ConfigError(f"expected auto, cpu, cuda or cuda:N (N a GPU's number), got {self.device!r}",
+                              f"{where}.device")
+
+
+def _is_device(value: str) -> bool:
+    kind, colon, index = value.partition(":")
+    if not colon:
+        return value in ("auto", "cpu", "cuda")
+    return kind == "cuda" and index.isdigit() and index.isascii()
 
 
 @dataclass
@@ -209,13 +223,19 @@ class Study(StudyFile):
         study's fixed update budget. Read once per study object (a report asks for each run's
         several times, and reading the YAML chain was a quarter of its time); a copy each call.
         The thread count is set on the copy: a worker learns its share of the cores after the
-        study file was loaded (and its configs cached), and it must train with that share."""
+        study file was loaded (and its configs cached), and it must train with that share.
+        So is the executor's ``device``: where a run trains, not what it is, so the training
+        digest keeps the recipe's own ``training.device`` (:func:`train_view`), and the records
+        of seeds trained on a CPU stand beside those of seeds trained on a GPU."""
         cache = self.__dict__.setdefault("_run_configs", {})
         if (recipe, seed) not in cache:
             cache[recipe, seed] = self._read_run_config(recipe, seed)
         cfg = copy.deepcopy(cache[recipe, seed])
         if self.executor.threads:
             cfg.training.threads = self.executor.threads
+        if self.executor.device is not None and self.executor.device != cfg.training.device:
+            setattr(cfg, RECIPE_DEVICE, cfg.training.device)
+            cfg.training.device = self.executor.device
         return cfg
 
     def _read_run_config(self, recipe: str, seed: int) -> ExperimentConfig:
@@ -277,6 +297,9 @@ def load_study(path: str | Path) -> Study:
     return study
 
 
+#: on a run config whose device the study's executor set: the recipe's own ``training.device``
+RECIPE_DEVICE = "_recipe_device"
+
 #: training fields that change neither the weights a run ends with nor what it reads
 TRAINING_FIELDS_WITHOUT_EFFECT = ("out_dir", "threads", "progress", "tensorboard", "num_workers", "valid_every",
                                   "valid_beam", "valid_bleu", "log_every", "keep_last")
@@ -289,6 +312,8 @@ def train_view(cfg: ExperimentConfig) -> dict[str, Any]:
     raw = json.loads(json.dumps(to_dict(cfg), default=str))
     raw.pop("path", None)
     raw.pop("decoding", None)
+    if (recipe_device := getattr(cfg, RECIPE_DEVICE, None)) is not None:  # the executor's device is not the recipe's
+        raw["training"]["device"] = recipe_device
     for key in TRAINING_FIELDS_WITHOUT_EFFECT:
         raw.get("training", {}).pop(key, None)
     for key in ("processes", "cache_dir"):

@@ -23,6 +23,7 @@ import errno
 import hashlib
 import io
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -162,12 +163,13 @@ def newest_good_checkpoint(directory: str | Path, damaged: list[tuple[Path, str]
     return max(found, key=lambda item: (item[0], item[1]))[2]
 
 
-def average_checkpoints(paths: list[str | Path]) -> dict[str, torch.Tensor]:
+def average_checkpoints(paths: list[str | Path], across_runs: bool = False) -> dict[str, torch.Tensor]:
     """Parameter-wise mean of the models in ``paths`` (Vaswani et al. average the last few).
 
     Floating tensors are averaged in float64 and cast back; integer buffers (counters) are
     taken from the last checkpoint. Models with different parameter names or shapes are
-    refused: their mean means nothing.
+    refused: their mean means nothing. So are checkpoints of different runs unless
+    ``across_runs`` (:func:`_refuse_other_run`).
     """
     if not paths:
         raise CheckpointError("no checkpoints to average")
@@ -186,6 +188,8 @@ def average_checkpoints(paths: list[str | Path]) -> dict[str, torch.Tensor]:
             total = {k: v.double().clone() if v.is_floating_point() else v.clone() for k, v in model.items()}
             continue
         _refuse_other_origin(Path(path), state, first, first_state)
+        if not across_runs:
+            _refuse_other_run(Path(path), state, first, first_state)
         if set(model) != set(reference):
             diff = sorted(set(model) ^ set(reference))
             raise CheckpointError(
@@ -229,9 +233,39 @@ def _refuse_other_origin(path: Path, state: dict[str, Any], first: Path, first_s
             raise CheckpointError(f"{path}: another {what} than {first} ({shown}); average checkpoints of one run")
 
 
-def write_averaged_checkpoint(paths: list[str | Path], out: str | Path) -> Path:
+def run_identity(state: dict[str, Any]) -> tuple[Any, str | None]:
+    """What tells one run from another: its ``training.seed`` and ``training.out_dir`` as stored.
+
+    Every checkpoint of a run carries the run's resolved config, and these two fields do not
+    change along it (a resume continues in the same ``out_dir`` with the run's config), whereas
+    budget fields (``max_steps``, ``max_minutes``, threads) may. Two runs of one recipe differ in
+    one of them: seeds of a study differ in both, and a second run into one ``out_dir`` is
+    refused by ``train`` (``last.pt`` is there), so it needs another ``out_dir``. The path is
+    compared as written (normalised: ``./runs/x`` is ``runs/x``), not resolved: the run may
+    have been moved since.
+    """
+    training = (state.get("config") or {}).get("training") or {}
+    out_dir = training.get("out_dir")
+    return training.get("seed"), os.path.normpath(out_dir) if isinstance(out_dir, str) and out_dir else None
+
+
+def _refuse_other_run(path: Path, state: dict[str, Any], first: Path, first_state: dict[str, Any]) -> None:
+    """Two runs of one config (seeds 1 and 2) have the same shapes and origin, but their units are
+    not aligned (a hidden unit of one is another unit's twin, or none, in the other): the mean
+    of their weights is a much worse model than either. Refuse, naming what differs."""
+    (seed, out_dir), (first_seed, first_out) = run_identity(state), run_identity(first_state)
+    differ = [f"training.{name}: {here!r} here, {there!r} in {first.name}"
+              for name, here, there in (("seed", seed, first_seed), ("out_dir", out_dir, first_out))
+              if here != there]
+    if differ:
+        raise CheckpointError(f"{path}: another run than {first} ({'; '.join(differ)}); averaging the weights of "
+                              "two runs gives a worse model than either: average checkpoints of one run, or "
+                              "pass --across-runs (across_runs=True) to do it anyway")
+
+
+def write_averaged_checkpoint(paths: list[str | Path], out: str | Path, across_runs: bool = False) -> Path:
     """Save the average of ``paths`` as a model-only checkpoint that ``load_model`` reads."""
-    averaged = average_checkpoints(paths)
+    averaged = average_checkpoints(paths, across_runs)
     last = load_checkpoint(paths[-1])
     state = {
         "model": averaged,

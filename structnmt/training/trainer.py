@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from structnmt.config import ExperimentConfig, to_dict, with_overrides
+from structnmt.config import ExperimentConfig, TrainingConfig, to_dict, with_overrides
 from structnmt.data.batch import Batch
 from structnmt.errors import CheckpointError, ConfigError, DataError
 from structnmt.locks import DirectoryLock
@@ -250,6 +250,8 @@ class Trainer:
                         "to log.superseded.jsonl")
         if fallback:
             _stderr(fallback)
+        if self.ctx.is_main and (endless := endless_note(self.t)):
+            _stderr(endless)
         log = RunLogger(self.run_dir, enabled=self.ctx.is_main, tensorboard=self.t.tensorboard,
                         progress=self.t.progress, total_steps=self.t.max_steps,
                         initial_step=self.progress.step)
@@ -443,6 +445,19 @@ def vocab_sizes(pre: Any) -> tuple[int, int]:
 
 def _stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
+
+
+def endless_note(t: TrainingConfig) -> str | None:
+    """The line that says, at the start, that a run with no step, epoch or time limit (all 0) ends
+    only when stopped or by early stopping: otherwise it looks like a run that should have ended."""
+    if t.max_steps or t.max_epochs or t.max_minutes:
+        return None
+    limits = "training.max_steps, max_epochs and max_minutes are 0 (no limit): training stops only"
+    if t.early_stopping:
+        return (f"note: {limits} by early stopping (after {t.early_stopping} validations without improvement) "
+                "or when stopped (Ctrl-C or SIGTERM; --resume continues it)")
+    return (f"warning: {limits} when stopped (Ctrl-C or SIGTERM; --resume continues it); set one of them, or "
+            "training.early_stopping, for it to end by itself")
 
 
 def train(cfg: ExperimentConfig, resume: bool = False,

@@ -28,7 +28,7 @@ from structnmt.io import sha256_file
 def read_blocks(path: Path) -> list[tuple[int, str]]:
     """Sentence blocks of a CoNLL-U file with the 1-based line each starts on."""
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # -sig: a byte-order mark is dropped, not read as text
     except UnicodeDecodeError as err:
         raise DataError(f"invalid UTF-8 at byte {err.start}", path) from None
     except OSError as err:

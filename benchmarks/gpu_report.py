@@ -1,0 +1,970 @@
+"""The GPU figures in one command, for a short time on a borrowed GPU with no network.
+
+    python benchmarks/gpu_report.py                 # on a CUDA machine: under 8 minutes, no network
+    python benchmarks/gpu_report.py --cpu           # the script's own dry run (figures mean nothing)
+
+One report, ``benchmarks/results/gpu_report.md`` and ``.json``, rewritten after every figure, so
+that a run cut short keeps what it finished. Every section has its own time budget (a share of
+``--time-limit``, 450 s by default; time a section leaves unused passes to the next ones) and
+checks it before each measurement; what it has no time for is reported as "not measured: why",
+never estimated. Commands it starts are killed at their section's end, and the whole run stops
+at the time limit plus 20 s, writing the report first. The sections are reported in the order
+below and run in the order 1, 2, 4, 5, 6, 3: the training shapes, whose compilations are the
+longest and least predictable part, take whatever time the others leave (``--sections training
+--precisions fp32`` reruns what a first run had no time for; inductor's caches make a rerun on
+the same machine compile faster).
+
+1. Machine: GPU, driver, torch, CUDA, cuDNN, Triton, commit.
+2. Matmul peak: the best of square products at 8,192 in bf16, fp32 (TF32 off: torch's default and
+   the toolkit's fp32) and fp32 with TF32 on; and bf16 at ``bench_train.py``'s 1,024/2,048, whose
+   peak is too low (on an H200: 424 against 783 TFLOP/s, so its shares were ~1.8x too kind). Every
+   share of the peak below is against the 8,192 figure of the precision trained in.
+3. Training throughput of the small recipe's shape (3+3 layers, d 256, 4 heads, ff 1024, 4,096
+   target tokens a batch) and the Transformer-big shape (6+6, d 1,024, 16 heads, ff 4,096, 16,384),
+   each in bf16 and fp32, under eager, ``torch.compile`` (the toolkit's ``training.compile``) and
+   CUDA graphs (the same compiled step with inductor's ``triton.cudagraphs``, which is all that
+   ``mode="reduce-overhead"`` sets; the toolkit has no such route yet, so it is measured on the
+   toolkit's own ``Updater`` and model with plain torch). Fixed padded shapes (B x L of random
+   sub-words, no padding), the same for every mode; blocks of updates interleaved eager, compiled,
+   graphs, ``--rounds`` times; the median. FLOP/s: matmul FLOPs counted analytically
+   (``bench_train.batch_matmul_flops``).
+4. Every registered method's training overhead against vanilla on the small shape, eager, in the
+   precision training picks (bf16 on a GPU), on the built-in synthetic task (gold trees on both
+   sides, so every method has its fields): blocks interleaved vanilla/method, ``--rounds`` (>= 3)
+   rounds, the median of the per-round ratios.
+5. ``structnmt train`` (eager, precision auto) for ``--train-steps`` updates, then beam-5 decoding
+   of the test split with that model: sentences/s, model loading excluded, after a warm-up.
+6. Joey NMT 2.3.0 on the same data, vocabulary, shape and GPU in the same run (``bench_joey.py``'s
+   inputs), training and beam-5 decoding, when an interpreter imports joeynmt (this one, or
+   ``--joey-python``); nothing is installed (no network): if none does, the report says how to
+   bring it over as wheels.
+
+Sections 5 and 6 train on the prepared Multi30k data when it is here (``--dataset``, else
+``data/multi30k_en_de_plain`` or ``data/multi30k_en_de``) and say which; otherwise, like section 4
+always, on the synthetic task, prepared by the script in seconds. Without CUDA (and without ``--cpu``) the
+script says so and exits 0. ``--cpu`` runs every section on the CPU with tiny sizes and one round
+(dynamo with its ``eager`` backend stands in for the compilers): it tests the script
+(``tests/test_gpu_report.py``), and its figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import gc
+import json
+import math
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import bench_joey  # noqa: E402  (scripts beside this one, not a package)
+import bench_train  # noqa: E402
+import common  # noqa: E402
+from gpu_smoke import _one_line as one_line  # noqa: E402
+
+NAME = "gpu_report"
+TIME_LIMIT_S = 450  # the issue's 8 minutes, less margin: a rerun still fits a 15-minute loan
+GRACE_S = 20  # past the limit, the run stops wherever it is (after writing the report)
+
+#: section key -> heading in the report (the machine is the report's own "Machine" part)
+HEADINGS = {
+    "peak": "Matmul peak at 8,192³",
+    "training": "Training throughput: eager, torch.compile, CUDA graphs",
+    "methods": "Every registered method's training overhead against vanilla",
+    "decoding": "structnmt: training command and beam-5 decoding",
+    "joey": "Joey NMT 2.3.0 on the same device",
+}
+#: the order the sections run in: training, whose compilations take the longest and are the least
+#: predictable, last, so that it gets all the time the others leave and cannot starve them
+RUN_ORDER = ["peak", "methods", "decoding", "joey", "training"]
+#: each section's share of the time limit (what one leaves unused passes to the next)
+BUDGET = {"peak": 0.03, "methods": 0.17, "decoding": 0.12, "joey": 0.20, "training": 0.48}
+JOEY_INSTALL = (
+    "To bring it to a machine without network: on a machine with network and the same Python version, "
+    "`python -m pip wheel -w joey-wheels joeynmt==2.3.0 'importlib_metadata<10' sentencepiece==0.2.0` "
+    "(then delete the torch, triton, nvidia_* and cuda_* wheels from it: the GPU machine has its own torch), "
+    "carry `joey-wheels` over, and there `python -m pip install --no-index --find-links joey-wheels "
+    "joeynmt==2.3.0 'importlib_metadata<10' sentencepiece==0.2.0` (into this interpreter, or a venv made "
+    "with `--system-site-packages` and named with `--joey-python`). importlib_metadata 10.x needs "
+    "lazy_importer, hence the pin.")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    name: str
+    enc: int
+    dec: int
+    d: int
+    heads: int
+    ff: int
+    vocab: int
+    length: int  # source and target length of every sentence of the fixed batch
+    tokens: int  # target tokens per update
+    dropout: float
+
+    @property
+    def batch(self) -> int:
+        return self.tokens // self.length
+
+    def model_config(self, **kw: Any) -> Any:
+        from structnmt.config import ModelConfig
+
+        return ModelConfig(enc_layers=self.enc, dec_layers=self.dec, d_model=self.d, n_heads=self.heads,
+                           d_ff=self.ff, dropout=self.dropout, **kw)
+
+    def describe(self) -> str:
+        return (f"{self.name}: {self.enc}+{self.dec} layers, d_model {self.d:,}, {self.heads} heads, ff {self.ff:,}, "
+                f"{self.vocab:,} joint sub-words, {self.batch} sentences x {self.length} sub-words = "
+                f"{self.tokens:,} target tokens an update")
+
+
+SHAPES = {
+    "small": Shape("small recipe", 3, 3, 256, 4, 1024, 8000, 32, 4096, 0.2),
+    "big": Shape("Transformer-big", 6, 6, 1024, 16, 4096, 32000, 64, 16384, 0.3),
+}
+DRY_SHAPES = {
+    "small": Shape("small recipe (dry run: tiny)", 1, 1, 32, 4, 64, 300, 8, 64, 0.2),
+    "big": Shape("Transformer-big (dry run: tiny)", 1, 1, 64, 4, 128, 500, 16, 128, 0.3),
+}
+MODES = ("eager", "compiled", "graphs")
+MODE_LABEL = {"eager": "eager", "compiled": "torch.compile (training.compile: on)",
+              "graphs": "CUDA graphs (compile + triton.cudagraphs)"}
+DRY_MODE_LABEL = {"eager": "eager", "compiled": "dynamo, eager backend (dry run)",
+                  "graphs": "dynamo, eager backend (dry run; no graphs on a CPU)"}
+
+
+class TimeUp(BaseException):
+    """The run's hard time limit: raised by SIGALRM wherever the run is."""
+
+
+def _time_up(signum: int, frame: Any) -> None:
+    raise TimeUp()
+
+
+# ---------------------------------------------------------------------------
+# the report
+
+
+@dataclasses.dataclass
+class Section:
+    key: str
+    heading: str
+    status: str = "not reached: the run stopped before this section"
+    text: list[str] = dataclasses.field(default_factory=list)
+    header: list[str] = dataclasses.field(default_factory=list)
+    rows: list[list[Any]] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+    data: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    def body(self) -> str:
+        parts = [] if self.status == "done" else [f"**{self.status}**"]
+        parts += self.text
+        if self.header and self.rows:
+            parts.append(common.markdown_table(self.header, self.rows))
+        parts += self.notes
+        return "\n\n".join(parts)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"heading": self.heading, "status": self.status, "text": self.text,
+                "table": [dict(zip(self.header, row)) for row in self.rows], "notes": self.notes, "data": self.data}
+
+
+class Report:
+    """The Markdown report and its JSON twin, both rewritten whole (atomically) on every ``save``."""
+
+    def __init__(self, out: Path, dry: bool, machine: dict[str, Any], keys: list[str]) -> None:
+        self.out, self.dry, self.machine = out, dry, machine
+        self.sections = {key: Section(key, HEADINGS[key]) for key in HEADINGS}
+        for key in HEADINGS:
+            if key not in keys:
+                self.sections[key].status = "not run: left out by --sections"
+        self.started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+
+    def save(self) -> Path:
+        from structnmt.io import atomic_write_text
+
+        title = "GPU report" + (" (CPU dry run: tiny sizes, one round; the figures mean nothing)" if self.dry else "")
+        self.out.mkdir(parents=True, exist_ok=True)
+        path = common.write_report(NAME, title, [(s.heading, s.body()) for s in self.sections.values()],
+                                   self.machine, out_dir=self.out)
+        data = {"title": title, "started": self.started, "command": common.command_line(), "dry_run": self.dry,
+                "machine": self.machine, "sections": {k: s.as_json() for k, s in self.sections.items()}}
+        atomic_write_text(self.out / f"{NAME}.json", json.dumps(data, indent=1, default=str) + "\n")
+        return path
+
+
+@dataclasses.dataclass
+class Run:
+    """What the sections share: the device, the options, the figures later sections use."""
+
+    args: Any
+    device: Any
+    dry: bool
+    work: Path
+    report: Report
+    peaks: dict[str, float] = dataclasses.field(default_factory=dict)
+    synthetic: Path | None = None
+    structnmt: dict[str, Any] = dataclasses.field(default_factory=dict)  # section 5's figures, for section 6
+    data_choice: tuple | None = None
+
+    def sync(self) -> None:
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize()
+
+
+def fmt_rate(value: float) -> str:
+    return f"{value:,.0f}" if value >= 100 else f"{value:,.3g}"
+
+
+def fmt_flops(value: float) -> str:
+    return f"{value / 1e12:,.1f} TFLOP/s" if value >= 1e12 else f"{value / 1e9:,.2f} GFLOP/s"
+
+
+# ---------------------------------------------------------------------------
+# 1. machine
+
+
+def _quiet(cmd: list[str], timeout: float = 15) -> str | None:
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=common.ROOT)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def machine_info(dry: bool) -> dict[str, Any]:
+    import torch
+
+    info = common.machine()
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        info["gpu"] = (f"{props.name}, {props.total_memory / 2**30:.0f} GiB, compute capability "
+                       f"{props.major}.{props.minor}, {props.multi_processor_count} SMs; "
+                       f"{torch.cuda.device_count()} visible")
+        smi = _quiet(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit",
+                      "--format=csv,noheader"]) if shutil.which("nvidia-smi") else None
+        if smi:
+            driver, clock, power = (part.strip() for part in (smi.splitlines()[0].split(",") + ["", ""])[:3])
+            info["driver"] = f"{driver} (nvidia-smi); max SM clock {clock}, power limit {power}"
+        else:
+            try:
+                first = Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
+                info["driver"] = f"{first.strip()} (no nvidia-smi)"
+            except (OSError, IndexError):
+                info["driver"] = "unknown (no nvidia-smi, no /proc/driver/nvidia/version)"
+        get_driver = getattr(torch._C, "_cuda_getDriverVersion", None)
+        if get_driver:
+            version = get_driver()
+            info["CUDA driver API"] = f"{version // 1000}.{version % 1000 // 10}"
+    info["CUDA (torch built with)"] = torch.version.cuda or "none (CPU build)"
+    info["cuDNN"] = torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else "none"
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        info["triton"] = "not installed (no torch.compile on CUDA)"
+    commit = _quiet(["git", "rev-parse", "--short", "HEAD"])
+    if commit:
+        dirty = _quiet(["git", "status", "--porcelain", "--untracked-files=no"])
+        info["commit"] = commit + (" with uncommitted changes" if dirty else "")
+    else:
+        info["commit"] = "unknown (no git repository here)"
+    if dry:
+        info["mode"] = "CPU dry run (--cpu): tiny sizes, one round; every figure is meaningless"
+    return info
+
+
+# ---------------------------------------------------------------------------
+# 2. the matmul peak
+
+
+PEAKS = [  # key, label, dtype, TF32, sizes
+    ("bf16", "bf16", "bfloat16", None, (8192,)),
+    ("fp32", "fp32, TF32 off (torch's default: the toolkit's fp32)", "float32", False, (8192,)),
+    ("tf32", "fp32, TF32 on", "float32", True, (8192,)),
+    ("bf16_small", "bf16 at 1,024 and 2,048 (bench_train.py's sizes)", "bfloat16", None, (1024, 2048)),
+]
+
+
+def dry_sizes(sizes: tuple[int, ...]) -> tuple[int, ...]:
+    return tuple(n // 32 for n in sizes)
+
+
+def measure_peak(run: Run, key: str) -> float:
+    import torch
+
+    _, _, dtype, tf32, sizes = next(p for p in PEAKS if p[0] == key)
+    sizes = dry_sizes(sizes) if run.dry else sizes
+    before = torch.backends.cuda.matmul.allow_tf32
+    if tf32 is not None:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    try:
+        peak = common.measure_matmul_peak(run.device.type, dtype, sizes, repeats=1 if run.dry else 10,
+                                          max_seconds=2 if run.dry else 8)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = before
+    run.peaks[key] = peak
+    return peak
+
+
+def section_peak(run: Run, sec: Section, deadline: float) -> None:
+    sec.text.append("Best of 10 square matrix products at each size (one warm-up first), timed with a device "
+                    "synchronisation: the ceiling every share below is held to."
+                    + (" Dry run: sizes / 32, one product." if run.dry else ""))
+    sec.header = ["precision", "size", "peak", "share of the bf16 8,192 peak"]
+    for key, label, _, _, sizes in PEAKS:
+        if time.monotonic() > deadline:
+            sec.rows.append([label, "", "not measured: the section's time ran out", ""])
+            continue
+        peak = measure_peak(run, key)
+        shown = dry_sizes(sizes) if run.dry else sizes
+        bf16 = run.peaks.get("bf16")
+        sec.rows.append([label, " and ".join(f"{n:,}³" for n in shown), fmt_flops(peak),
+                         f"{peak / bf16:.0%}" if bf16 else ""])
+        sec.data[key] = peak
+        run.report.save()
+    if "bf16" in run.peaks and "bf16_small" in run.peaks:
+        ratio = run.peaks["bf16"] / run.peaks["bf16_small"]
+        sec.notes.append(f"A share of the peak taken against bench_train.py's sizes is {ratio:.2f}x the share "
+                         "against the 8,192 peak.")
+
+
+# ---------------------------------------------------------------------------
+# 3. training throughput, fixed shapes
+
+
+def fixed_batch(shape: Shape, device: Any, seed: int = 1) -> Any:
+    """B x L random sub-words on each side, no padding: every update the same shape and work."""
+    import torch
+
+    from structnmt.data.batch import BOS_ID, EOS_ID, Batch
+
+    g = torch.Generator().manual_seed(seed)
+    B, L, V = shape.batch, shape.length, shape.vocab
+    src = torch.randint(4, V, (B, L), generator=g)
+    src[:, -1] = EOS_ID
+    tgt = torch.randint(4, V, (B, L), generator=g)
+    tgt_out = tgt.clone()
+    tgt_out[:, -1] = EOS_ID
+    tgt_in = torch.cat([torch.full((B, 1), BOS_ID), tgt[:, :-1]], dim=1)
+    return Batch(src, tgt_in, tgt_out).to(device)
+
+
+def training_config(precision: str, compile: str = "off", **kw: Any) -> Any:
+    """The small recipe's optimiser settings (Adam, schedule, clipping, label smoothing)."""
+    from structnmt import load_config
+
+    base = load_config(bench_train.BASE_CONFIG).training
+    return dataclasses.replace(base, precision=precision, compile=compile, **kw)
+
+
+def make_updater(run: Run, model: Any, precision: str, mode: str) -> Any:
+    """The toolkit's ``Updater`` for one mode; raises ``NotMeasured`` where the mode cannot run."""
+    import torch
+
+    from structnmt.training.compiled import INDUCTOR_OPTIONS, compile_unavailable
+    from structnmt.training.updater import Updater
+
+    if run.dry or mode == "eager":
+        updater = Updater(model, training_config(precision), run.device)
+        if mode != "eager":  # the dry run traces the same function with dynamo, generating no code
+            updater._step = torch.compile(updater._forward_loss, backend="eager",
+                                          dynamic=None if mode == "compiled" else False)
+        return updater
+    if mode == "compiled":
+        updater = Updater(model, training_config(precision, "on"), run.device)
+        if not updater.compiled:
+            raise NotMeasured(updater.compile_reason)
+        return updater
+    why = compile_unavailable(run.device)
+    if why:
+        raise NotMeasured(why)
+    updater = Updater(model, training_config(precision), run.device)
+    # mode="reduce-overhead" is {"triton.cudagraphs": True}; torch.compile takes a mode or options,
+    # not both, so the toolkit's options (fallback_random) go with it here: the same graph as
+    # "compiled", replayed as CUDA graphs
+    updater._step = torch.compile(updater._forward_loss, dynamic=False,
+                                  options={**INDUCTOR_OPTIONS, "triton.cudagraphs": True})
+    return updater
+
+
+def remember_error(sec: Section, what: str, err: BaseException) -> None:
+    """The end of an error's whole text, in the JSON report (the Markdown gives its first line)."""
+    sec.data.setdefault("errors", []).append(f"{what}: {type(err).__name__}: {str(err)[-2000:]}")
+
+
+class NotMeasured(Exception):
+    """A figure that cannot be measured here, and why."""
+
+
+def timed_updates(run: Run, updater: Any, batch: Any, n: int, graphs: bool) -> float:
+    import torch
+
+    run.sync()
+    started = time.perf_counter()
+    for _ in range(n):
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # a new iteration: earlier outputs may be overwritten
+        updater.update([batch])
+    run.sync()
+    return time.perf_counter() - started
+
+
+def training_cell(run: Run, sec: Section, shape_key: str, precision: str, deadline: float,
+                  compile_estimate: dict[str, float]) -> None:
+    """One shape in one precision under every mode: warm-ups (compilations), then interleaved blocks."""
+    import torch
+
+    from structnmt.model.transformer import Transformer
+    from structnmt.training.compiled import graphs_compiled
+
+    shape = (DRY_SHAPES if run.dry else SHAPES)[shape_key]
+    label = DRY_MODE_LABEL if run.dry else MODE_LABEL
+    peak_key = "bf16" if precision == "bf16" else ("tf32" if run.args.tf32 else "fp32")
+    peak = run.peaks.get(peak_key) or measure_peak(run, peak_key)
+    cfg = shape.model_config()
+    flops = bench_train.batch_matmul_flops(cfg, shape.vocab, shape.batch, shape.length, shape.length)
+    torch.manual_seed(1)
+    model = Transformer(cfg, shape.vocab, shape.vocab)
+    batch = fixed_batch(shape, run.device)
+    done: dict[str, dict[str, Any]] = {}
+    missing: dict[str, str] = {}
+    per_update = 0.0
+    steps = 1
+    for mode in MODES:
+        if mode != "eager" and not run.dry:
+            estimate = compile_estimate.get(shape_key, 60.0 if shape_key == "big" else 40.0)
+            if time.monotonic() + estimate > deadline:
+                missing[mode] = f"not measured: the section's time budget ran out (a compile takes ~{estimate:.0f} s)"
+                continue
+        from torch._dynamo.utils import counters
+
+        skips = counters["inductor"]["cudagraph_skips"]
+        graphs_before = graphs_compiled()
+        if run.device.type == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        try:
+            updater = make_updater(run, model, precision, mode)
+            warm = timed_updates(run, updater, batch, 1, mode == "graphs" and not run.dry)
+            warm += timed_updates(run, updater, batch, 1 if run.dry else 2, mode == "graphs" and not run.dry)
+            if mode == "compiled" and not run.dry and not updater.compiled:
+                raise NotMeasured("compiling failed, the update fell back to eager: " + "; ".join(updater.notes))
+            if mode == "eager":  # the block length: about a second of eager updates
+                per_update = timed_updates(run, updater, batch, 1, False)
+                steps = 1 if run.dry else max(3, min(40, math.ceil(1.0 / max(per_update, 1e-6))))
+        except NotMeasured as err:
+            missing[mode] = f"not measured: {err}"
+            continue
+        except Exception as err:  # one mode's failure (compiler, memory) must not hide the others
+            missing[mode] = f"not measured: {one_line(err)}"
+            remember_error(sec, f"{shape_key} {precision} {mode}", err)
+            print(f"{shape_key} {precision} {mode}: {one_line(err)}", flush=True)
+            gc.collect()
+            continue
+        if mode != "eager":
+            compile_estimate[shape_key] = max(compile_estimate.get(shape_key, 0.0), warm)
+        done[mode] = {"updater": updater, "warm_s": warm, "rates": [],
+                      "graphs": graphs_compiled() - graphs_before,
+                      "skips": counters["inductor"]["cudagraph_skips"] - skips,
+                      "memory": torch.cuda.max_memory_allocated() if run.device.type == "cuda" else None}
+        print(f"{shape_key} {precision} {mode}: warm-up {warm:.1f} s", flush=True)
+    rounds = 0
+    for r in range(run.args.rounds):
+        block = 1.5 * len(done) * steps * per_update  # eager is the slowest mode
+        if r and time.monotonic() + block > deadline:
+            sec.notes.append(f"{shape.name}, {precision}: {r} round(s) of {run.args.rounds}: the budget ran out.")
+            break
+        order = list(done)[r % max(len(done), 1):] + list(done)[: r % max(len(done), 1)]
+        for mode in order:
+            seconds = timed_updates(run, done[mode]["updater"], batch, steps, mode == "graphs" and not run.dry)
+            done[mode]["rates"].append(steps * shape.tokens / seconds)
+        rounds += 1
+    eager_rate = statistics.median(done["eager"]["rates"]) if done.get("eager", {}).get("rates") else None
+    for mode in MODES:
+        name = label[mode]
+        if mode in missing or not done.get(mode, {}).get("rates"):
+            sec.rows.append([shape.name, precision, name, missing.get(mode, "not measured: no timed block"),
+                             "", "", "", "", "", ""])
+            sec.data.setdefault("cells", []).append({"shape": shape_key, "precision": precision, "mode": mode,
+                                                     "not_measured": missing.get(mode, "no timed block")})
+            continue
+        entry = done[mode]
+        rate = statistics.median(entry["rates"])
+        achieved = flops * rate / shape.tokens
+        note = f"{entry['warm_s']:.1f} s" + (f", {entry['graphs']} graph(s)" if mode != "eager" else "")
+        if entry["skips"]:
+            name += " **(graphs skipped by inductor: compiled only; TORCH_LOGS=cudagraphs says why)**"
+        sec.rows.append([shape.name, precision, name, fmt_rate(rate), f"{1000 * shape.tokens / rate:.1f}",
+                         fmt_flops(achieved), f"{achieved / peak:.1%}",
+                         f"{rate / eager_rate:.2f}x" if eager_rate else "", note,
+                         common.mib(entry["memory"]) if entry["memory"] is not None else "-"])
+        sec.data.setdefault("cells", []).append({
+            "shape": shape_key, "precision": precision, "mode": mode, "tokens_per_s": rate, "rates": entry["rates"],
+            "steps_per_block": steps, "rounds": rounds, "matmul_flops_per_update": flops, "achieved_flops": achieved,
+            "peak": peak, "peak_kind": peak_key, "warm_up_s": entry["warm_s"], "graphs": entry["graphs"],
+            "cudagraph_skips": entry["skips"], "peak_memory": entry["memory"]})
+    del done, model, batch
+    torch._dynamo.reset()  # frees the compiled graphs (and CUDA graph pools) before the next shape
+    gc.collect()
+    if run.device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def section_training(run: Run, sec: Section, deadline: float) -> None:
+    import torch
+
+    shapes = DRY_SHAPES if run.dry else SHAPES
+    torch.backends.cuda.matmul.allow_tf32 = bool(run.args.tf32)
+    torch._dynamo.config.recompile_limit = 256  # many models through one compiled function
+    torch._dynamo.config.accumulated_recompile_limit = 1024
+    fp32_peak = "fp32 with TF32 on" if run.args.tf32 else "fp32 (TF32 off, torch's default, as the toolkit trains)"
+    sec.text.append(
+        "Each update is the toolkit's `Updater.update` (forward, label-smoothed loss, backward, clipping, Adam, "
+        "schedule) on one fixed batch already on the device. Shapes: "
+        + "; ".join(shapes[k].describe() for k in run.args.shapes) + ". "
+        f"Blocks of updates (about a second of eager updates each) interleaved across the modes, "
+        f"{run.args.rounds} round(s), the median. Achieved FLOP/s: the analytic matmul FLOPs of the batch "
+        f"(bench_train.py's count, x3 for the backward) over the time; share against the 8,192 peak of the "
+        f"precision (bf16; {fp32_peak}). Warm-up: the updates before the timed blocks, compilation included; "
+        "memory: "
+        "`torch.cuda.max_memory_allocated` from the mode's warm-up on.")
+    sec.header = ["shape", "precision", "mode", "target tokens/s", "ms/update", "matmul FLOP/s", "share of peak",
+                  "against eager", "warm-up", "peak memory"]
+    estimate: dict[str, float] = {}
+    for precision in run.args.precisions:
+        for shape_key in run.args.shapes:
+            if time.monotonic() > deadline:
+                for mode in MODES:
+                    sec.rows.append([shapes[shape_key].name, precision, MODE_LABEL[mode],
+                                     "not measured: the section's time budget ran out", "", "", "", "", "", ""])
+                continue
+            try:
+                training_cell(run, sec, shape_key, precision, deadline, estimate)
+            except Exception as err:  # the other cells still run
+                remember_error(sec, f"{shape_key} {precision}", err)
+                sec.rows.append([shapes[shape_key].name, precision, "all modes", f"not measured: {one_line(err)}",
+                                 "", "", "", "", "", ""])
+                print(f"{shape_key} {precision}: {one_line(err)}", flush=True)
+                torch._dynamo.reset()
+                gc.collect()
+            run.report.save()
+
+
+# ---------------------------------------------------------------------------
+# 4. every registered method against vanilla
+
+
+def synthetic_dataset(run: Run) -> Path:
+    from tests.registry_cases import prepare_synthetic
+
+    if run.synthetic is None:
+        sizes = {"train": 200, "test": 16} if run.dry else {"train": 3000, "test": 500}
+        run.synthetic = prepare_synthetic(run.work / "synthetic", **sizes)
+    return run.synthetic
+
+
+def method_size(run: Run) -> dict[str, Any]:
+    if run.dry:  # the registry's own tiny model (two layers a side: some cases name layer 2)
+        return {"enc_layers": 2, "dec_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64, "dropout": 0.2}
+    s = SHAPES["small"]
+    return {"enc_layers": s.enc, "dec_layers": s.dec, "d_model": s.d, "n_heads": s.heads, "d_ff": s.ff,
+            "dropout": s.dropout}
+
+
+def describe_entry(entry: dict[str, Any]) -> str:
+    """``{"name": "sasa", "layers": [2]}`` -> ``sasa (layers=[2])``."""
+    params = ", ".join(f"{k}={v}" for k, v in entry.items() if k != "name")
+    return entry["name"] + (f" ({params})" if params else "")
+
+
+def section_methods(run: Run, sec: Section, deadline: float) -> None:
+    import torch
+
+    from structnmt.data.dataset import ParallelDataset
+    from structnmt.training.updater import Updater
+    from tests.registry_cases import all_cases, covered_methods, make_model, registered_methods, vocab_size
+
+    dataset = synthetic_dataset(run)
+    vocab = vocab_size(dataset)
+    size = method_size(run)
+    training = training_config("auto", max_tokens=256 if run.dry else 4096)
+    precision = auto_precision(run.device)
+    ds = ParallelDataset(dataset, "train")
+    batches = bench_train.train_batches(ds, training, 8)
+    cases = [c for c in sorted(all_cases()) if c != "vanilla"]
+    if run.args.methods:
+        cases = [c for c in cases if c in run.args.methods]
+    uncovered = sorted(registered_methods() - covered_methods())
+    sec.text.append(
+        f"The built-in synthetic task ({len(ds):,} training pairs, gold trees on both sides, source scenes, "
+        f"{vocab} sub-words), batches of at most {training.max_tokens:,} tokens, the same for every model; each "
+        f"case of `tests/registry_cases.py` (every registered method at least once) on the small shape "
+        f"({size['enc_layers']}+{size['dec_layers']} layers, d_model {size['d_model']}, ff {size['d_ff']}), eager, "
+        f"{precision} (training.precision auto). A round is one vanilla block and one method block on the same "
+        f"batches, in alternating order, collation included as in the trainer; the overhead is 1 - the median of "
+        f"the rounds' method/vanilla ratios ({run.args.rounds} round(s)).")
+    if uncovered:
+        sec.notes.append(f"Registered methods with no case: {', '.join(uncovered)}.")
+    sec.header = ["case", "methods", "tokens/s", "vanilla tokens/s (same rounds)", "overhead (median)",
+                  "per-round method/vanilla", "within 10%"]
+
+    def variant(case: str) -> Any:
+        torch.manual_seed(1)
+        model = make_model(case, vocab, **size)
+        return bench_train.Variant(case, None, Updater(model, training, run.device), model.structure_needs())
+
+    def block(v: Any, n: int) -> float:
+        tokens, seconds = bench_train.run_block(v, ds, batches[:n], sync=True)
+        return tokens / seconds
+
+    vanilla = variant("vanilla")
+    bench_train.run_block(vanilla, ds, batches[:2])
+    started = time.perf_counter()
+    block(vanilla, 1)
+    vanilla_update = time.perf_counter() - started
+    estimate = 0.0
+    for case in cases:
+        entries = "; ".join(describe_entry(e) for e in all_cases()[case])
+        if time.monotonic() + estimate > deadline:
+            sec.rows.append([case, entries, "not measured: the section's time budget ran out", "", "", "", ""])
+            continue
+        began = time.monotonic()
+        try:
+            method = variant(case)
+            started = time.perf_counter()
+            bench_train.run_block(method, ds, batches[:2])  # warm-up: two updates
+            per_update = max((time.perf_counter() - started) / 2, vanilla_update)
+            steps = 1 if run.dry else max(2, min(8, math.ceil(0.5 / per_update)))
+            ratios, rates, vanilla_rates = [], [], []
+            for r in range(run.args.rounds):
+                if r and time.monotonic() > deadline:
+                    break
+                if r % 2 == 0:
+                    v_rate, m_rate = block(vanilla, steps), block(method, steps)
+                else:
+                    m_rate, v_rate = block(method, steps), block(vanilla, steps)
+                ratios.append(m_rate / v_rate)
+                rates.append(m_rate)
+                vanilla_rates.append(v_rate)
+        except Exception as err:  # one method's failure must not hide the others'
+            remember_error(sec, case, err)
+            sec.rows.append([case, entries, f"not measured: {one_line(err)}", "", "", "", ""])
+            print(f"{case}: {one_line(err)}", flush=True)
+            continue
+        finally:
+            estimate = max(estimate, time.monotonic() - began)
+        ratio = statistics.median(ratios)
+        sec.rows.append([case, entries, fmt_rate(statistics.median(rates)), fmt_rate(statistics.median(vanilla_rates)),
+                         f"{100 * (1 - ratio):+.1f}%" + ("" if len(ratios) >= 3 else f" ({len(ratios)} round(s) only)"),
+                         ", ".join(f"{x:.3f}" for x in ratios), "yes" if 1 - ratio <= 0.10 else "**no**"])
+        sec.data[case] = {"ratios": ratios, "rates": rates, "vanilla_rates": vanilla_rates, "steps_per_block": steps,
+                          "overhead": 1 - ratio}
+        print(f"{case}: overhead {100 * (1 - ratio):+.1f}% ({len(ratios)} rounds)", flush=True)
+        del method
+        run.report.save()
+
+
+# ---------------------------------------------------------------------------
+# 5. structnmt's training command and beam-5 decoding
+
+
+def pick_data(run: Run) -> tuple[Path, str, bool, str, str]:
+    """(dataset, config, parse-free overrides, test split, description) for sections 5 and 6."""
+    if run.data_choice:
+        return run.data_choice
+    root = common.ROOT
+    given = Path(run.args.dataset) if run.args.dataset else None
+    plain, parsed = root / bench_train.PLAIN_DIR, root / bench_train.PARSED_DIR
+    candidates = [] if run.dry and not given else [given] if given else [plain, parsed]
+    for path in candidates:
+        if path is not None and (path / "meta.json").is_file():
+            split = "test_2016_flickr" if (path / "test_2016_flickr").is_dir() else "test"
+            run.data_choice = (path, bench_train.BASE_CONFIG, path.resolve() != parsed.resolve(), split,
+                               f"the prepared Multi30k En->De dataset `{path}` with `{bench_train.BASE_CONFIG}`")
+            return run.data_choice
+    dataset = synthetic_dataset(run)
+    run.data_choice = (dataset, str(synthetic_config(run, dataset)), False, "test",
+                       "the built-in synthetic task (" + ("the dry run's choice" if run.dry else
+                                                          "no prepared Multi30k dataset here") + ")")
+    return run.data_choice
+
+
+def synthetic_config(run: Run, dataset: Path) -> Path:
+    """A training config for the synthetic dataset of ``prepare_synthetic``: its data section, the
+    small recipe's model (tiny in the dry run), training and decoding."""
+    import yaml
+
+    from structnmt.data.synthetic import demo_config
+
+    base = yaml.safe_load((common.ROOT / bench_train.BASE_CONFIG).read_text(encoding="utf-8"))
+    raw = demo_config(dataset.parent, 0.0)
+    raw["data"]["subwords"]["vocab_size"] = 300  # as prepare_synthetic prepares it
+    size = method_size(run)
+    size["enc_layers"] = size["dec_layers"] = 1 if run.dry else size["enc_layers"]
+    raw["model"] = {**base["model"], **size}
+    raw["training"] = {**base["training"], "out_dir": str(run.work / "run")}
+    raw["decoding"] = base["decoding"]
+    path = run.work / "synthetic.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False), encoding="utf-8")
+    return path
+
+
+def model_of(config: str) -> Any:
+    from structnmt import load_config
+
+    return load_config(config).model
+
+
+def auto_precision(device: Any) -> str:
+    """What ``training.precision: auto`` resolves to on ``device``."""
+    import torch
+
+    from structnmt.training.environment import pick_precision
+
+    amp, _ = pick_precision("auto", device)
+    return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp]
+
+
+def section_decoding(run: Run, sec: Section, deadline: float) -> None:
+    import torch
+
+    dataset, config, plain, split, described = pick_data(run)
+    precision = f"precision auto: {auto_precision(run.device)}"
+    args = run.args
+    m = model_of(config)
+    device = "cuda" if run.device.type == "cuda" else "cpu"
+    threads = 1 if run.dry else 0
+    max_tokens = 512 if run.dry else 4096
+    sec.text.append(
+        f"Data: {described}. `structnmt train` as a user runs it ({m.enc_layers}+{m.dec_layers} layers, d_model "
+        f"{m.d_model}, {m.n_heads} heads, ff {m.d_ff}; batches of {max_tokens:,} tokens; training.compile off, "
+        f"so that it compares with Joey NMT's eager training; precision auto), {args.train_steps} updates, "
+        f"throughput from its log (windows of {args.log_every} updates after the first); then beam 5 over "
+        f"`{split}` with that model (`translate_split`, batches of {args.decode_tokens:,} tokens), model loading "
+        "excluded, after a warm-up on a few sentences. An untrained model decodes to the length limit: compare "
+        "decoding speeds where the mean output lengths are close.")
+    if run.device.type == "cuda":
+        torch.cuda.empty_cache()  # the training command and Joey NMT share this GPU
+    work = run.work / "toolkits"
+    sets = {"training.compile": "off", "training.valid_every": args.train_steps}
+    tps, _, last = bench_joey.structnmt_train(dataset, args.train_steps, args.log_every, threads, max_tokens,
+                                              config=config, work=work, device=device, sets=sets, plain=plain)
+    sec.header = ["what", "figure"]
+    sec.rows.append([f"training ({precision}), target tokens/s", fmt_rate(tps)])
+    run.structnmt.update(train_tps=tps, precision=precision, checkpoint=str(last), dataset=dataset, split=split,
+                         config=config, max_tokens=max_tokens, threads=threads, device=device)
+    sec.data["train_tokens_per_s"] = tps
+    run.report.save()
+    bench_joey.structnmt_decode(str(last), str(dataset), split, 5, args.decode_tokens, threads, 8, device)
+    decoded = bench_joey.structnmt_decode(str(last), str(dataset), split, 5, args.decode_tokens, threads,
+                                          args.decode_limit, device)
+    sps = decoded["sentences"] / decoded["seconds"]
+    sec.rows += [["beam-5 decoding, sentences", decoded["sentences"]],
+                 ["beam-5 decoding, seconds", f"{decoded['seconds']:.2f}"],
+                 ["beam-5 decoding, sentences/s", fmt_rate(sps)],
+                 ["mean output length (sub-words)", f"{decoded['pieces']:.1f}"]]
+    run.structnmt.update(decode=decoded)
+    sec.data["decode"] = decoded
+
+
+# ---------------------------------------------------------------------------
+# 6. Joey NMT beside it
+
+
+def section_joey(run: Run, sec: Section, deadline: float) -> None:
+    import yaml
+
+    args = run.args
+    python = bench_joey.find_joey_python(args.joey_python)
+    if python is None:
+        tried = f"`{args.joey_python}`" if args.joey_python else \
+            f"this interpreter (`{sys.executable}`) and `{bench_joey.joey_python()}`"
+        sec.status = "not measured: Joey NMT is absent"
+        sec.text.append(f"No interpreter here imports joeynmt (tried {tried}); nothing is installed by this "
+                        f"script (a GPU machine has no network). {JOEY_INSTALL}")
+        return
+    joey_v, torch_v = ((bench_joey.joey_version(python) or "") + " ? ?").split()[:2]
+    dataset, config, plain, split, described = pick_data(run)
+    ours = run.structnmt
+    m = model_of(config)
+    threads = 1 if run.dry else 0
+    max_tokens = ours.get("max_tokens", 512 if run.dry else 4096)
+    work = run.work / "joey"
+    work.mkdir(parents=True, exist_ok=True)
+    bench_joey.WORK = work  # where bench_joey's commands write their logs and hypotheses
+    path = bench_joey.write_joey_inputs(dataset, work, args.train_steps, args.log_every, args.decode_tokens,
+                                        max_tokens, args.decode_limit, split)
+    joey_cfg = yaml.safe_load(path.read_text(encoding="utf-8"))
+    joey_cfg["use_cuda"] = run.device.type == "cuda"
+    for stack in (joey_cfg["model"]["encoder"], joey_cfg["model"]["decoder"]):  # structnmt's shape, whatever it is
+        stack.update(num_heads=m.n_heads, hidden_size=m.d_model, ff_size=m.d_ff, dropout=m.dropout)
+        stack["embeddings"]["embedding_dim"] = m.d_model
+    joey_cfg["model"]["encoder"]["num_layers"] = m.enc_layers
+    joey_cfg["model"]["decoder"]["num_layers"] = m.dec_layers
+    path.write_text(yaml.safe_dump(joey_cfg, sort_keys=False), encoding="utf-8")
+    sec.text.append(
+        f"`{python}` (joeynmt {joey_v}, torch {torch_v}). Data: {described}; the same sub-words (Joey's sentencepiece "
+        f"tokenizer reads the dataset's `spm.model`), shape ({m.enc_layers}+{m.dec_layers} layers, d_model "
+        f"{m.d_model}, ff {m.d_ff}), optimiser settings and {max_tokens:,}-token batches (`{path}`); Joey NMT "
+        f"trains in fp32 (its fp16 option is off), {args.train_steps} updates, throughput from its log's "
+        f"\"Tokens per Sec\" after the first window; decoding: its \"Generation took\" on `{split}`, beam 5, "
+        "alpha 0.6. The commands run one after the other on the same device.")
+    joey_tps, _ = bench_joey.joey_train(python, path, threads)
+    sec.header = ["toolkit", "training target tokens/s", "against Joey NMT", "decoding sentences/s",
+                  "against Joey NMT", "mean output length (sub-words)"]
+    train_rows = [[f"Joey NMT {joey_v} (fp32)", fmt_rate(joey_tps), "1.00x", "", "", ""]]
+    sec.rows = train_rows
+    run.report.save()
+    joey = bench_joey.joey_decode(python, path, threads, None, dataset / "spm.model")
+    joey_sps = joey["sentences"] / joey["seconds"]
+    train_rows[0][3:] = [fmt_rate(joey_sps), "1.00x", f"{joey['pieces']:.1f}"]
+    sec.data.update(joey_train_tokens_per_s=joey_tps, joey_decode=joey)
+    if "train_tps" in ours:
+        row = [f"structnmt ({ours['precision']})", fmt_rate(ours["train_tps"]),
+               f"**{ours['train_tps'] / joey_tps:.2f}x**"]
+        if "decode" in ours:
+            sps = ours["decode"]["sentences"] / ours["decode"]["seconds"]
+            row += [fmt_rate(sps), f"**{sps / joey_sps:.2f}x**", f"{ours['decode']['pieces']:.1f}"]
+        else:
+            row += ["not measured (section 5 did not decode)", "", ""]
+        sec.rows.append(row)
+    else:
+        sec.notes.append("structnmt's figures come from the decoding section, which did not run: no ratio.")
+    run.report.save()
+    if "train_tps" in ours and time.monotonic() + 30 < deadline:  # the same precision as Joey's, time allowing
+        fp32, _, _ = bench_joey.structnmt_train(dataset, args.train_steps, args.log_every, threads, max_tokens,
+                                                precision="fp32", config=config, work=run.work / "toolkits",
+                                                device=ours["device"], plain=plain,
+                                                sets={"training.compile": "off",
+                                                      "training.valid_every": args.train_steps})
+        sec.rows.append(["structnmt (fp32)", fmt_rate(fp32), f"{fp32 / joey_tps:.2f}x", "", "", ""])
+        sec.data["structnmt_fp32_train_tokens_per_s"] = fp32
+    else:
+        sec.notes.append("structnmt in fp32: not measured (no time left in the section, or no structnmt run).")
+
+
+RUNNERS = {"peak": section_peak, "training": section_training, "methods": section_methods,
+           "decoding": section_decoding, "joey": section_joey}
+
+
+# ---------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--cpu", action="store_true", help="dry run of every section on the CPU (figures mean nothing)")
+    p.add_argument("--out", type=Path, default=common.RESULTS, help="folder of the report (default %(default)s)")
+    p.add_argument("--time-limit", type=float, help=f"seconds for the whole run (default {TIME_LIMIT_S}; "
+                                                    "--cpu: 300); each section gets its share")
+    p.add_argument("--sections", default=",".join(HEADINGS), help="comma-separated, of: %(default)s")
+    p.add_argument("--rounds", type=int, help="interleaved rounds (default 3; --cpu: 1)")
+    p.add_argument("--shapes", default="small,big", help="training shapes: small, big")
+    p.add_argument("--precisions", default="bf16,fp32", help="training precisions: bf16, fp32")
+    p.add_argument("--tf32", action="store_true", help="fp32 training with TF32 matmuls (default: off, as torch)")
+    p.add_argument("--methods", help="comma-separated cases of tests/registry_cases.py (default: all)")
+    p.add_argument("--dataset", help="a prepared parse-free dataset of the base recipe for sections 5-6 "
+                                     "(default: data/multi30k_en_de_plain or data/multi30k_en_de, else synthetic)")
+    p.add_argument("--train-steps", type=int, help="updates of each toolkit's training command (default 200)")
+    p.add_argument("--log-every", type=int, help="updates per throughput window (default 20)")
+    p.add_argument("--decode-tokens", type=int, default=8000, help="tokens per decoding batch (both toolkits)")
+    p.add_argument("--decode-limit", type=int, help="decode only the first N test sentences (default all)")
+    p.add_argument("--joey-python", metavar="PATH", help="an interpreter that imports joeynmt (default: this one)")
+    p.add_argument("--work", type=Path, help="work folder (default: a new temporary folder)")
+    args = p.parse_args(argv)
+    dry = args.cpu
+    args.rounds = args.rounds or (1 if dry else 3)
+    args.train_steps = args.train_steps or (4 if dry else 200)
+    args.log_every = args.log_every or (2 if dry else 20)
+    args.decode_limit = args.decode_limit if args.decode_limit is not None else (8 if dry else 0)
+    args.time_limit = args.time_limit or (300 if dry else TIME_LIMIT_S)
+    keys = [k for k in args.sections.split(",") if k]
+    bad = [k for k in keys if k not in HEADINGS]
+    keys = [k for k in RUN_ORDER if k in keys]
+    args.shapes = [s for s in args.shapes.split(",") if s]
+    args.precisions = [s for s in args.precisions.split(",") if s]
+    args.methods = args.methods.split(",") if args.methods else None
+    bad += [s for s in args.shapes if s not in SHAPES] + [x for x in args.precisions if x not in ("bf16", "fp32")]
+    if bad:
+        p.error(f"unknown: {', '.join(bad)}")
+
+    import torch
+
+    if not dry and not torch.cuda.is_available():
+        print("gpu_report: no CUDA device here (torch.cuda.is_available() is False); nothing was measured. "
+              "Run it on a machine with a GPU, or pass --cpu for a dry run of the script.")
+        return 0
+    started = time.monotonic()
+    end = started + args.time_limit
+    signal.signal(signal.SIGALRM, _time_up)
+    signal.alarm(int(args.time_limit + GRACE_S))
+    device = torch.device("cpu") if dry else torch.device("cuda", 0)
+    if dry:
+        torch.set_num_threads(1)
+    work = args.work or Path(tempfile.mkdtemp(prefix="gpu_report-"))
+    work.mkdir(parents=True, exist_ok=True)
+    report = Report(args.out, dry, machine_info(dry), keys)
+    print(json.dumps(report.machine, indent=1, default=str), flush=True)
+    report.save()
+    run = Run(args, device, dry, work, report)
+    total = sum(BUDGET[k] for k in keys) or 1.0
+    mark = started
+    code = 0
+    for i, key in enumerate(keys):
+        sec = report.sections[key]
+        mark += args.time_limit * BUDGET[key] / total
+        deadline = min(mark, end)
+        common.DEADLINE = deadline + 5  # a command still running then is killed (5 s past the checks)
+        sec.status = "running (a report that ends here was cut short during this section)"
+        report.save()
+        print(f"== {sec.heading} (until +{deadline - started:.0f} s)", flush=True)
+        began = time.monotonic()
+        try:
+            RUNNERS[key](run, sec, deadline)
+            if sec.status.startswith("running"):
+                sec.status = "done"
+            sec.notes.append(f"Section time: {time.monotonic() - began:.0f} s.")
+            print(f"   {key}: {time.monotonic() - began:.1f} s", flush=True)
+        except (TimeUp, KeyboardInterrupt) as err:
+            why = f"the run's time limit ({args.time_limit + GRACE_S:.0f} s)" if isinstance(err, TimeUp) \
+                else "an interrupt"
+            sec.status = f"cut short by {why}: the rows here are what finished"
+            for later in keys[i + 1:]:
+                report.sections[later].status = f"not measured: {why} came first"
+            code = 0 if isinstance(err, TimeUp) else 130
+            report.save()
+            break
+        except (Exception, SystemExit) as err:  # a section's failure is reported; the next ones still run
+            sec.status = f"not measured: {one_line(err)}"
+            remember_error(sec, key, err)
+            tail = str(err).strip().splitlines()[1:][-20:]  # a failed command's output (bench_joey's exits)
+            if tail:
+                sec.notes.append("```\n" + "\n".join(tail)[-3000:] + "\n```")
+            print(f"{key}: {one_line(err)}", file=sys.stderr, flush=True)
+        report.save()
+    signal.alarm(0)
+    common.DEADLINE = None
+    elapsed = time.monotonic() - started
+    path = report.save()
+    print(f"report: {path} ({elapsed:.0f} s)")
+    if not args.work:
+        shutil.rmtree(work, ignore_errors=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
