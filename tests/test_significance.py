@@ -306,6 +306,46 @@ def test_sign_test_values():
     assert sign_test(0, 0) == 1.0
 
 
+def test_holm_adjusts_known_values_step_down():
+    from structnmt.evaluation.significance import holm
+
+    # sorted 0.005, 0.01, 0.03, 0.04 times 4, 3, 2, 1: 0.02, 0.03, 0.06, 0.04 -> 0.06 (never below the one before)
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])  # capped at 1
+    assert holm([0.02]) == [0.02] and holm([]) == []  # a family of one is not corrected
+    assert holm([0.01, 0.01]) == pytest.approx([0.02, 0.02])  # ties: one value
+    # the 15 pooled p-values of the converged study: only the window and LPSI on 2016 Flickr stay below 0.05
+    pooled = [k / 1001 for k in (2, 1, 429, 29, 38, 5, 129, 19, 142, 379, 343, 218, 206, 5, 4)]
+    assert [k for k, p in enumerate(holm(pooled)) if p < 0.05] == [0, 1]
+    assert holm([0.0, 0.5]) == [0.0, 0.5] and holm([1.0, 0.5]) == [1.0, 1.0]  # the ends of [0, 1]
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        holm([0.1, float("nan")])
+    with pytest.raises(ValueError):
+        holm([1.5])
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_holm_is_monotone_never_below_the_raw_p_and_never_above_bonferroni(seed):
+    from structnmt.evaluation.significance import holm
+
+    rng = random.Random(seed)
+    p = [rng.random() ** 3 for _ in range(rng.randint(1, 30))]
+    adjusted = holm(p)
+    order = sorted(range(len(p)), key=lambda i: p[i])
+    assert all(adjusted[a] <= adjusted[b] for a, b in zip(order, order[1:]))  # the raw p's order kept
+    assert all(raw <= adj <= min(1.0, raw * len(p)) for raw, adj in zip(p, adjusted))
+    assert holm([p[i] for i in order]) == [adjusted[i] for i in order]  # the order given changes nothing
+
+
+def test_order_by_chance_is_one_over_the_binomial_coefficient():
+    from structnmt.evaluation.significance import order_by_chance
+
+    assert order_by_chance(3, 3) == pytest.approx(1 / 20)  # ASO epsilon 0 with 3 seeds against 3
+    assert order_by_chance(2, 2) == pytest.approx(1 / 6) and order_by_chance(1, 1) == 0.5
+    with pytest.raises(ValueError):
+        order_by_chance(0, 3)
+
+
 def test_mismatched_systems_are_an_error():
     with pytest.raises(DataError, match="the baseline has 16 hypotheses but system 1 has 15"):
         paired_bootstrap(BASE, GOOD[:15], [REF])

@@ -71,6 +71,11 @@ def recipes(tmp_path_factory) -> dict[str, Path]:
     ({"test_checkpoint": "average"}, "test_checkpoint"),
     ({"trees": {"file": "trees.jsonl.gz", "sha256": "not a digest"}}, "trees.sha256"),
     ({"executor": {"kind": "local", "jobs": 0}}, "executor.jobs"),
+    ({"executor": {"kind": "local", "device": "gpu"}}, "executor.device"),
+    ({"executor": {"kind": "local", "device": "cuda:one"}}, "executor.device"),
+    ({"executor": {"kind": "local", "device": "cuda:"}}, "executor.device"),
+    ({"executor": {"kind": "local", "device": "cpu:0"}}, "executor.device"),
+    ({"executor": {"kind": "local", "commit": "yes"}}, "executor.commit"),
 ])
 def test_a_bad_study_file_names_the_field(recipes, tmp_path, change, field):
     path = _study_file(tmp_path, recipes)
@@ -331,13 +336,15 @@ def test_a_study_runs_records_reports_and_reruns_only_what_changed(recipes, tmp_
     assert float(gaps.split(" | ")[2]) == pytest.approx(gap, abs=0.006)
 
     # two records of one run: a copy of vanilla's seed 1 is the same run (every line the same, no
-    # gap); its seeds 1 and 2 as the yardstick, each with its own recorded BLEU
-    import compare_records
+    # gap); its seeds 1 and 2 as the yardstick, each with its own recorded BLEU (`structnmt study
+    # compare`; `structnmt study FILE --report` and the rest still take the study file first)
+    from structnmt.cli.main import main
 
     shutil.copytree(study.record_dir("vanilla", 1), tmp_path / "copy")
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        assert compare_records.main([str(path), "vanilla", "1", str(tmp_path / "copy"), "--seed-of", "1", "2"]) == 0
+        assert main(["study", "compare", str(path), "vanilla", "1", str(tmp_path / "copy"), "--seed-of", "1", "2"]) == 0
+        assert main(["study", str(path), "--report", "--out", str(tmp_path / "again.md")]) == 0
     same, seeds = [line for line in out.getvalue().splitlines() if line.startswith("test:")]
     assert "B − A +0.00," in same and "identical lines 24 of 24 (100%)" in same
     assert f"A {records[0]['bleu']:.2f}, B {records[1]['bleu']:.2f}," in seeds
@@ -502,6 +509,119 @@ def test_a_run_trains_with_the_threads_its_executor_chose_after_loading(recipes,
     study.executor.threads = 1
     assert study.run_config("pascal", 1).training.threads == 1
     assert study.run_config("vanilla", 2).training.threads == 1
+
+
+def test_every_run_trains_on_the_executors_device_which_is_not_part_of_its_digest(recipes, tmp_path):
+    from structnmt.study.spec import config_digest, train_view
+
+    plain = load_study(_study_file(tmp_path, recipes, name="plain"))
+    assert {plain.run_config(r, s).training.device for r, s in plain.runs()} == {"auto"}  # the recipes' own
+    for device in ("cuda", "cuda:1", "cpu", "auto"):
+        study = load_study(_study_file(tmp_path, recipes, name="gpu", executor={
+            "kind": "local", "jobs": 4, "threads": 1, "nice": 0, "device": device}))
+        for recipe, seed in study.runs():
+            cfg = study.run_config(recipe, seed)
+            assert cfg.training.device == device and cfg.training.threads == 1
+            # where a run trains is not what it is: a seed recorded on the CPU stays current when the
+            # study goes on on a GPU, and the other way round
+            assert train_view(cfg)["training"]["device"] == "auto"
+            assert config_digest(cfg) == config_digest(plain.run_config(recipe, seed))
+
+
+def test_cuda_asked_for_without_a_gpu_is_refused_before_any_run(recipes, tmp_path, monkeypatch):
+    import torch
+
+    import structnmt.study as study_module
+    from structnmt.study.executors import run_local
+
+    def no_preparing(*_args):
+        raise AssertionError("a dataset was prepared for a study that cannot run")
+
+    monkeypatch.setattr(study_module, "prepare_datasets", no_preparing)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    path = _study_file(tmp_path, recipes, executor={"kind": "local", "jobs": 2, "threads": 1, "device": "cuda"})
+    with pytest.raises(ConfigError) as err:
+        run_study(path)
+    assert str(err.value) == (f"{path}: executor.device: cuda asked for, but this machine has no CUDA GPU "
+                              f"(torch {torch.__version__}); use auto or cpu to run on the CPU")
+    study = load_study(path)
+    assert not study.work_dir.exists() and not study.records.exists()
+    with pytest.raises(ConfigError, match="executor.device: cuda asked for"):  # the executor's own guard
+        run_local(study, study.runs(), 2, lambda *_: None)
+    assert not study.work_dir.exists()
+    # a GPU that is not there, on a machine with one
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    path = _study_file(tmp_path, recipes, name="second", executor={"kind": "local", "device": "cuda:1"})
+    with pytest.raises(ConfigError, match=r"executor\.device: cuda:1 asked for, but this machine has 1 CUDA GPU"):
+        run_study(path)
+    # auto runs on the CPU where there is no GPU, as before: nothing to refuse
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    from structnmt.study.executors import check_device
+
+    auto = load_study(_study_file(tmp_path, recipes, name="auto", executor={"kind": "local", "device": "auto"}))
+    check_device(auto, auto.runs())
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
+
+
+def _git_repo(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    _git(path, "init", "-q")
+    for key, value in (("user.name", "study test"), ("user.email", "study@example.org"), ("commit.gpgsign", "false")):
+        _git(path, "config", key, value)
+    return path
+
+
+def test_a_record_is_committed_alone_and_git_failures_are_one_warning(recipes, tmp_path, monkeypatch):
+    from structnmt.study.executors import commit_record
+
+    repo = _git_repo(tmp_path / "repo")
+    study = load_study(_study_file(repo, recipes, seeds=(1,)))
+    folder = study.record_dir("vanilla", 1)
+    (folder / "hyps").mkdir(parents=True)
+    (folder / "hyps" / "test.hyp").write_text("a b c\n")
+    (folder / "record.json").write_text(json.dumps({"device": "cuda:0", "gpu": "NVIDIA H100 80GB HBM3",
+                                                    "scores": {"test": {"bleu": 12.345}}}))
+    (repo / "elsewhere.txt").write_text("someone's work in progress\n")
+    _git(repo, "add", "elsewhere.txt")  # staged by someone else: not the study's to commit
+    said = commit_record(study, "vanilla", 1)
+    assert said == f"committed to git as {_git(repo, 'rev-parse', '--short', 'HEAD').strip()}"
+    assert _git(repo, "log", "--format=%s").splitlines() == [
+        "tiny: vanilla seed 1 recorded (cuda:0 NVIDIA H100 80GB HBM3, BLEU 12.35 test)"]
+    assert sorted(_git(repo, "show", "--name-only", "--format=", "HEAD").split()) == [
+        "tiny/records/vanilla/seed1/hyps/test.hyp", "tiny/records/vanilla/seed1/record.json"]
+    assert _git(repo, "diff", "--cached", "--name-only").split() == ["elsewhere.txt"]  # still staged, uncommitted
+    # nothing new: a warning, not an error
+    said = commit_record(study, "vanilla", 1)
+    assert said.startswith("warning: record not committed (git commit: nothing ") and "\n" not in said
+    # records outside any repository
+    monkeypatch.setenv("GIT_CEILING_DIRECTORIES", str(tmp_path))
+    (tmp_path / "plain").mkdir()
+    outside = load_study(_study_file(tmp_path / "plain", recipes, seeds=(1,)))
+    outside.record_dir("vanilla", 1).mkdir(parents=True)
+    said = commit_record(outside, "vanilla", 1)
+    assert said.startswith("warning: record not committed (git add: fatal: not a git repository") and "\n" not in said
+
+
+@pytest.mark.slow
+def test_a_study_commits_each_record_as_it_is_written(recipes, tmp_path, capsys):
+    repo = _git_repo(tmp_path / "repo")
+    path = _study_file(repo, {"vanilla": recipes["vanilla"]}, seeds=(1, 2), max_steps=5,
+                       executor={"kind": "local", "jobs": 1, "threads": 1, "nice": 0, "commit": True})
+    assert run_study(path, report=False)["runs"] == {"vanilla/seed1": "done", "vanilla/seed2": "done"}
+    study = load_study(path)
+    subjects = _git(repo, "log", "--reverse", "--format=%s").splitlines()
+    for seed, subject in zip((1, 2), subjects, strict=True):  # one commit a run, in the order they finished
+        record = json.loads((study.record_dir("vanilla", seed) / "record.json").read_text())
+        assert record["device"] == "cpu" and "gpu" in record
+        assert subject == f"tiny: vanilla seed {seed} recorded (cpu, BLEU {record['scores']['test']['bleu']:.2f} test)"
+    committed = _git(repo, "ls-files").split()  # the record folders only: no study file, no checkpoints
+    assert committed and all(f.startswith("tiny/records/vanilla/seed") for f in committed)
+    assert "tiny/records/vanilla/seed2/record.json" in committed
+    assert capsys.readouterr().err.count(": committed to git as ") == 2
 
 
 def test_the_summary_table_marks_verdicts_and_gaps_to_the_baseline():
@@ -861,3 +981,210 @@ def test_status_time_left_takes_the_pace_of_runs_recorded_on_this_cpu(monkeypatc
     # two at a time here gives one thread each: no record at that pace, so every record's median
     two = format_status(rows, jobs=2).splitlines()[-1]
     assert "at the finished runs' median of 150 min each" in two
+
+
+# -- the report survives review (issue: Holm, provenance by seed, fixed long-dependency subsets) -----------------
+
+
+def _hand_made_study(work: Path, trees_file: Path | None, **more) -> Path:
+    """A study of hand-made records (no training): vanilla and pascal, seeds 1 and 2, tested on
+    ``test`` and its long-dependency subset (arcs of 3+ words); pascal seed 1 chose its subset from
+    other trees, on another machine at another commit."""
+    import gzip
+    import hashlib
+
+    from structnmt.data.corpus import read_lines
+    from structnmt.evaluation.scores import corpus_scores
+    from structnmt.io import sha256_file
+    from structnmt.study.provenance import lines_digest
+    from structnmt.study.spec import config_digest, train_view
+
+    recipes = _write_recipes(work)
+    extra = {"trees": {"file": str(trees_file), "sha256": "0" * 64}} if trees_file else {}
+    path = _study_file(work, recipes, name="review", long_dependency=3, **extra, **more)
+    study = load_study(path)
+    cfg = study.run_config("vanilla", 1)
+    sources, refs = read_lines(cfg.data.splits["test"].src), read_lines(cfg.data.splits["test"].tgt)
+    long = [n for n, s in enumerate(sources) if n % 3 == 0 and len(s.split()) >= 4]  # 0-based
+    if trees_file:  # word 0 headed by the last word (an arc of len - 1), else a chain of one-word arcs
+        with gzip.open(trees_file, "wt", encoding="utf-8") as out:
+            out.write(json.dumps({"structnmt_trees": 1, "side": "src", "convention": "ud", "parser": None}) + "\n")
+            for n, text in enumerate(sources):
+                words = len(text.split())
+                heads = [words - 1] * words if n in long else [min(i + 1, words - 1) for i in range(words)]
+                key = hashlib.sha256(text.encode()).hexdigest()[:16]
+                out.write(json.dumps({"key": key, "side": "src", "tree": {"heads": heads}}) + "\n")
+        spec = yaml.safe_load(path.read_text())
+        spec["trees"]["sha256"] = sha256_file(trees_file)
+        path.write_text(yaml.safe_dump(spec, sort_keys=False))
+        study = load_study(path)
+    machines = {("vanilla", 1): ("AMD EPYC", "a" * 40), ("pascal", 1): ("Intel Xeon", "b" * 40 + "+dirty")}
+    for recipe, seed in study.runs():
+        cfg = study.run_config(recipe, seed)
+        # vanilla drops a word of every other line; pascal is the references (seed 2: but one line)
+        hyps = [" ".join(r.split()[:-1]) if recipe == "vanilla" and (n + seed) % 2 == 0 else r
+                for n, r in enumerate(refs)]
+        if recipe == "pascal" and seed == 2:
+            hyps[1] = "x"
+        own = long[1:] if (recipe, seed) == ("pascal", 1) else long  # other trees: other sentences
+        cpu, commit = machines.get((recipe, seed), ("AMD EPYC", "a" * 40))
+        record = {
+            "study": study.name, "recipe": recipe, "seed": seed, "digest": config_digest(cfg),
+            "config": train_view(cfg), "test": study.test_view(cfg), "updates": 20, "train_seconds": 60.0,
+            "test_seconds": 6.0, "valid": [], "device": "cpu", "precision": "float32", "cpu": cpu,
+            "cpu_info": {"model": cpu, "isa": "AVX512", "simd": []}, "git_commit": commit,
+            # a record of the executor's share says threads 0: its calls say what it had
+            "threads": 0 if (recipe, seed) == ("pascal", 2) else 1,
+            "calls": [{"from_step": 0, "threads": 2 if (recipe, seed) == ("pascal", 2) else 1}],
+            "reads_trees": recipe == "pascal", "trees": {"src": ("0" if own != long else "a") * 64}
+            if recipe == "pascal" else None, "references": {"test": lines_digest(refs)},
+            "scores": {"test": corpus_scores(hyps, [refs], metrics=("bleu", "chrf")),
+                       "test_longdep": {**corpus_scores([hyps[n] for n in own], [[refs[n] for n in own]],
+                                                        metrics=("bleu", "chrf")),
+                                        "subset_of": "test", "lines": [n + 1 for n in own]}},
+            "finished": "2026-11-30T12:00:00+0000",
+        }
+        if (recipe, seed) == ("vanilla", 2):
+            record.update(cores=2, memory_gib=7.8, gpu=None)
+        folder = study.record_dir(recipe, seed)
+        (folder / "hyps").mkdir(parents=True)
+        (folder / "record.json").write_text(json.dumps(record))
+        (folder / "hyps" / "test.hyp").write_text("".join(h + "\n" for h in hyps))
+        (folder / "hyps" / "test_longdep.hyp").write_text("".join(hyps[n] + "\n" for n in own))
+    return path
+
+
+def test_the_report_leads_with_the_primary_rule_and_gives_holm_beside_the_pooled_p(tmp_path):
+    from structnmt.evaluation.significance import format_p, holm
+
+    path = _hand_made_study(tmp_path, tmp_path / "trees.jsonl.gz")
+    text = write_report(load_study(path)).read_text()
+    summary = json.loads((load_study(path).records / "report.json").read_text())
+    # the primary rule first, the pooled bootstrap and ASO after it, as suggestive
+    primary, secondary = text.index("**Primary verdict**"), text.index("**Secondary, suggestive only**")
+    assert text.index("## Scores") < primary < secondary < text.index("| recipe | seeds |")
+    assert "of the 2 recipe × test-set comparisons against `vanilla` tested here" in text
+    # Holm over every comparison of the report (both test sets), beside each raw pooled p
+    raw = [summary[test]["pascal"]["pooled_p"] for test in ("test", "test_longdep")]
+    assert all(p is not None for p in raw)
+    for test, adjusted in zip(("test", "test_longdep"), holm(raw)):
+        assert summary[test]["pascal"]["pooled_p_holm"] == pytest.approx(adjusted)
+        assert summary[test]["pascal"]["holm_family"] == 2 and summary[test]["vanilla"]["pooled_p_holm"] is None
+        section = text.split(f"### {test}\n")[1].split("\n#")[0]
+        (row,) = [line for line in section.splitlines() if line.startswith("| pascal |")]
+        assert row.split(" | ")[8:10] == [format_p(raw[("test", "test_longdep").index(test)]), format_p(adjusted)]
+    assert "over the family of all 2 recipe × test-set comparisons against `vanilla`" in text
+    assert "p pooled, Holm" in text and "verdict (primary)" in text
+    assert "once in 6 with 2 seeds against 2" in text  # what ASO's epsilon 0 amounts to with two seeds a side
+
+
+def test_the_report_scores_every_run_on_one_fixed_long_dependency_subset_from_the_pinned_trees(tmp_path):
+    from structnmt.data.corpus import read_lines
+    from structnmt.evaluation.scores import corpus_scores
+    from structnmt.study.report import hypothesis_lines
+
+    path = _hand_made_study(tmp_path, tmp_path / "trees.jsonl.gz")
+    study = load_study(path)
+    text = write_report(study).read_text()
+    summary = json.loads((study.records / "report.json").read_text())
+    cfg = study.run_config("vanilla", 1)
+    sources, refs = read_lines(cfg.data.splits["test"].src), read_lines(cfg.data.splits["test"].tgt)
+    long = [n for n, s in enumerate(sources) if n % 3 == 0 and len(s.split()) >= 4]
+    # one set of sentences, named with its size and source; pascal seed 1's own subset is not used
+    assert f"has an arc of 3 or more words (test {len(long)} sentences)" in text and "trees.jsonl.gz" in text
+    assert f"scored here on the fixed ones (by their subsets' sizes): {len(long) - 1}: pascal s1." in text
+    assert f"Scored on {len(long)} sentences, the same for every run" in text
+    for recipe in ("vanilla", "pascal"):
+        row = summary["test_longdep"][recipe]
+        assert row["subset"] == {"fixed": True, "sentences": [len(long)]}
+        for seed in (1, 2):
+            hyps = hypothesis_lines(study.record_dir(recipe, seed), "test")  # the whole test set's
+            expected = corpus_scores([hyps[n] for n in long], [[refs[n] for n in long]], metrics=("bleu",))["bleu"]
+            assert row["bleu"][str(seed)] == pytest.approx(expected)
+    # compared now: a verdict by the rule, not "not compared"
+    assert summary["test_longdep"]["pascal"]["verdict"].startswith(("better", "worse", "no significant"))
+    assert "not compared" not in text
+    # without the references here the fixed subset cannot be scored: each run's own, untested, saying why
+    tgt = Path(cfg.data.splits["test"].tgt)
+    tgt.rename(tgt.with_name("away.tgt"))
+    try:
+        bare = write_report(load_study(path), out=tmp_path / "bare" / "report.md").read_text()
+    finally:
+        tgt.with_name("away.tgt").rename(tgt)
+    assert "Each run's own subset, as its record keeps it" in bare
+    assert "not the study's fixed one, which needs the references: no references on this machine" in bare
+    assert json.loads((tmp_path / "bare" / "report.json").read_text())["test_longdep"]["pascal"]["verdict"] \
+        .startswith("not tested: no references on this machine")
+
+    # without pinned trees, each run's own subset, as before, and the report says so
+    spec = yaml.safe_load(path.read_text())
+    del spec["trees"]
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    plain = write_report(load_study(path), out=tmp_path / "plain" / "report.md").read_text()
+    assert "the study pins no trees file, so each run's long-dependency subset is its own" in plain
+    assert "not compared (the subset's sentences differ between runs)" in plain
+    assert "Each run's own subset, as its record keeps it" in plain
+
+    # a trees file that lacks a sentence of the test set: not fixed for it, and why
+    import gzip
+
+    file = tmp_path / "trees.jsonl.gz"
+    with gzip.open(file, "rt", encoding="utf-8") as lines:
+        kept = lines.read().splitlines()
+    with gzip.open(file, "wt", encoding="utf-8") as out:
+        out.write("\n".join(kept[:-1]) + "\n")  # the last sentence's tree left out
+    from structnmt.io import sha256_file
+
+    spec["trees"] = {"file": str(file), "sha256": sha256_file(file)}
+    path.write_text(yaml.safe_dump(spec, sort_keys=False))
+    partial = write_report(load_study(path), out=tmp_path / "partial" / "report.md").read_text()
+    assert f"not fixed for test: line {len(sources)} has no tree in the file" in partial
+
+
+def test_the_report_lists_provenance_by_seed_and_warns_where_a_seed_mixes_machines_commits_or_trees(tmp_path):
+    path = _hand_made_study(tmp_path, tmp_path / "trees.jsonl.gz")
+    text = write_report(load_study(path)).read_text()
+    lines = text.splitlines()
+    # seed 1 pooled runs of two machines and two commits: said in a visible line, naming the runs
+    assert any(line.startswith("- **Warning: seed 1 pools runs on 2 kinds of machine**, AMD EPYC (AVX512): vanilla; "
+                               "Intel Xeon (AVX512): pascal.") for line in lines[2:8])
+    assert "- **Warning: seed 1 pools runs of 2 commits**, aaaaaaa: vanilla; bbbbbbb+dirty: pascal." in text
+    assert "seed 2 pools" not in text
+    # pascal seed 1 read other trees (its digest and its subset say so); seed 2 the study's
+    (warning,) = [line for line in lines if "read other trees" in line]
+    assert "1 run(s) read other trees than the study's pinned trees" in warning
+    assert "pascal seed 1: digest 00000000, and long-dependency subsets of other sentences (7 against" in warning
+    assert text.index(warning) < text.index("## Scores")
+    # the table: machine, cores, memory, GPU, threads (from the calls where the record says 0), commit, trees
+    section = text.split("## Provenance by seed")[1]
+    rows = {tuple(line.split(" | ")[:2]): line.split(" | ") for line in section.splitlines() if line.startswith("| ")
+            and line.split(" | ")[0][2:].isdigit()}
+    assert rows[("| 2", "vanilla")][2:6] == ["AMD EPYC (AVX512)", "2", "7.8", "none"]
+    assert rows[("| 1", "vanilla")][3:6] == ["-", "-", "-"]  # not recorded
+    assert rows[("| 2", "pascal")][7] == "2" and "0 thread(s)" not in text
+    assert rows[("| 1", "pascal")][8] == "bbbbbbb+dirty" and rows[("| 1", "pascal")][9].startswith("**other**")
+    assert rows[("| 2", "pascal")][9] == f"pinned ({'a' * 8}) |" and rows[("| 1", "vanilla")][9] == "reads none |"
+
+
+def test_the_summary_marks_the_pooled_p_after_holm_and_before_it_only():
+    from structnmt.study.report import headline, pooled_holm, summary_legend, summary_lines
+
+    def row(bleu: dict[int, float], pooled: float | None = None, verdict: str = "no significant difference") -> dict:
+        return {"bleu": bleu, "chrf": {}, "signature": {}, **({"verdict": {"verdict": verdict, "pooled_p": pooled,
+                                                                          "pooled_n": 1000}} if pooled else {})}
+
+    table = {"t1": {"base": row({1: 30.0, 2: 31.0}), "a": row({1: 32.0, 2: 33.0}, 0.001),
+                    "b": row({1: 31.0, 2: 32.0}, 0.04), "c": row({1: 30.0, 2: 31.5}, 0.2)}}
+    # Holm over 3: 0.001 * 3, 0.04 * 2, then 0.2 * 1 (raised to 0.08)
+    assert pooled_holm(table) == pytest.approx({("t1", "a"): 0.003, ("t1", "b"): 0.08, ("t1", "c"): 0.2})
+    rows = {line.split(" | ")[0][2:]: line for line in summary_lines("base", table)[2:]}
+    assert rows["a"].endswith("(+2.00) † |") and rows["b"].endswith("(+1.00) (†) |") and rows["c"].endswith("(+0.25) |")
+    assert "after Holm's correction over the 3 comparisons" in summary_legend("base", table)
+    primary, secondary = headline("base", table)[0], headline("base", table)[2]
+    assert primary.startswith("**Primary verdict**") and "3 no significant difference" in primary
+    assert "p < 0.05 in 2 of the 3 comparisons, 1 after Holm's correction over all 3: a on t1 (0.0010, Holm 0.0030)" \
+        in secondary
+    # with 1,000 resamples no p is below 1/1001: over more than 50 comparisons Holm can keep none, and says so
+    many = {f"t{k}": {"base": row({1: 30.0}), "a": row({1: 40.0}, 1 / 1001)} for k in range(51)}
+    assert "none can stay below 0.05: a family this large needs more resamples" in headline("base", many)[2]
+    assert "needs more resamples" not in headline("base", dict(list(many.items())[:50]))[2]

@@ -250,6 +250,9 @@ def dataset_identity(dataset_dir: str | Path) -> dict:
         raise DataError("no meta.json: not a prepared dataset (run `structnmt prepare`)", directory) from None
     except ValueError as err:
         raise DataError(f"cannot read meta.json: {err}", meta_file) from None
+    from structnmt.data.dataset import check_meta  # here: dataset.py reads identities too
+
+    check_meta(meta, directory)  # an incomplete meta.json is named, not a KeyError
     inputs = meta.get("inputs", {})
     subwords = {}
     for info in meta.get("subwords", {}).values():

@@ -20,7 +20,8 @@ real test sets, where many sentences differ, exact ties are rare.
 What sacreBLEU does not have is here: the sign test across test sets, combining several
 training seeds of each system into one verdict (:func:`compare_seeds`), the seed-pooled
 bootstrap of Clark et al. (2011) (:func:`pooled_bootstrap`), the Almost Stochastic Order test
-across seeds of Dror et al. (2019) (:func:`aso_seeds`, with ``deepsig``), and mean ± sd.
+across seeds of Dror et al. (2019) (:func:`aso_seeds`, with ``deepsig``), Holm's correction of a
+family of p-values (:func:`holm`), and mean ± sd.
 
 Conventions: the baseline comes first; ``delta = score(system) − score(baseline)``; "better"
 means a higher score, except for TER where lower is better.
@@ -279,6 +280,36 @@ def sign_test(wins: int, losses: int) -> float:
     k = min(wins, losses)
     tail = sum(math.comb(n, i) for i in range(k + 1)) / 2**n
     return min(1.0, 2.0 * tail)
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm–Bonferroni adjusted p-values (Holm 1979), in the order given.
+
+    The i-th smallest of m p-values is multiplied by ``m − i + 1`` (capped at 1), and each adjusted
+    p is at least the one before it in that order (step-down), so rejecting the hypotheses whose
+    adjusted p is below alpha keeps the chance of any false rejection in the family at most alpha,
+    whatever the dependence between the tests. E.g. ``[0.01, 0.04, 0.03, 0.005]`` gives
+    ``[0.03, 0.06, 0.06, 0.02]``.
+    """
+    for p in p_values:
+        if not 0.0 <= p <= 1.0:  # NaN fails too
+            raise ValueError(f"a p-value must lie in [0, 1], got {p}")
+    m = len(p_values)
+    adjusted = [0.0] * m
+    running = 0.0
+    for rank, i in enumerate(sorted(range(m), key=lambda i: p_values[i])):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def order_by_chance(k: int, n: int) -> float:
+    """The chance that every one of ``k`` scores lies above every one of ``n`` others when all
+    ``k + n`` are draws of one distribution (no ties): ``1 / C(k + n, k)``; 3 against 3 seeds: 1/20.
+    What ASO's ε = 0 amounts to with few seeds."""
+    if k < 1 or n < 1:
+        raise ValueError("need at least one score on each side")
+    return 1.0 / math.comb(k + n, k)
 
 
 def mean_sd(values: Sequence[float]) -> tuple[float, float]:

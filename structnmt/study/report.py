@@ -6,24 +6,37 @@ corpus file the study's config names (``data.splits.<set>.tgt``), used only once
 the references the run was tested on (the digest its record keeps; for records made before
 digests were kept, its recorded BLEU rescored exactly). A report that cannot test
 significance still has every score and says why, and never replaces one that could.
+
+The verdict is the pre-declared rule (every seed pair, :data:`~structnmt.evaluation.significance.SEED_RULE`);
+the seed-pooled bootstrap (beside it its p adjusted by Holm's correction over every recipe ×
+test-set comparison of the report) and ASO are secondary and said to be suggestive. Where the
+study pins its trees, every run's long-dependency subset is one fixed set of sentences per test
+set, chosen from that trees file and scored from the run's hypotheses of the whole test set
+(:func:`long_dependency_subsets`). Each run's machine, commit, threads and trees are listed by
+seed, and a seed that pools runs of different machine kinds or commits, or a run that read other
+trees than the study's, is named in a warning (:func:`provenance_warnings`).
 """
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import statistics
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from structnmt.errors import StructNMTError
-from structnmt.evaluation.significance import format_p, mean_sd
+from structnmt.evaluation.significance import format_p, holm, mean_sd, order_by_chance
 from structnmt.io import atomic_write_text
 from structnmt.study.provenance import known_calls, lines_digest
 from structnmt.study.runs import read_failure, read_record, record_damage, stale_reason
 from structnmt.study.spec import Study
 
 NOT_TESTED = "not tested"
+LONGDEP = "_longdep"  # a test set's long-dependency subset is the test set ``<split>_longdep``
+ALPHA = 0.05
 
 
 class ReportError(StructNMTError):
@@ -49,17 +62,24 @@ def split_references(study: Study, recipe: str, seed: int, split: str) -> tuple[
     """A split's references and where they came from: the run's prepared dataset, else the
     corpus file its config names (``data.splits.<split>.tgt``); (None, what to do) when neither
     is on this machine."""
+    return _split_lines(study, recipe, seed, split, "tgt")
+
+
+def _split_lines(study: Study, recipe: str, seed: int, split: str, side: str) -> tuple[list[str] | None, str]:
+    """One side of a split, as :func:`split_references` finds the references (``side`` "tgt")."""
     from structnmt.data.corpus import read_lines
     from structnmt.data.dataset import ParallelDataset
 
     cfg = study.run_config(recipe, seed)
-    if (Path(cfg.data.dir) / split / "raw.tgt.txt").is_file():
-        return ParallelDataset(cfg.data.dir, split).raw("tgt"), f"{cfg.data.dir}/{split}"
+    if (Path(cfg.data.dir) / split / f"raw.{side}.txt").is_file():
+        return ParallelDataset(cfg.data.dir, split).raw(side), f"{cfg.data.dir}/{split}"
     files = cfg.data.splits.get(split)
-    if files is not None and files.tgt and Path(files.tgt).is_file():
-        return read_lines(files.tgt), files.tgt
-    where = f" or put `{files.tgt}` there" if files is not None and files.tgt else ""
-    return None, f"no references on this machine (prepare `{cfg.data.dir}` first{where})"
+    file = getattr(files, side, None) if files is not None else None
+    if file and Path(file).is_file():
+        return read_lines(file), file
+    where = f" or put `{file}` there" if file else ""
+    what = "references" if side == "tgt" else "source sentences"
+    return None, f"no {what} on this machine (prepare `{cfg.data.dir}` first{where})"
 
 
 def _subset(refs: list[str], scores: dict[str, Any]) -> list[str]:
@@ -122,20 +142,133 @@ def collect(study: Study) -> dict[str, Any]:
                 missing.append((recipe, seed))
             continue
         records.setdefault(recipe, {})[seed] = record
-    return {"records": records, "missing": missing, "failed": failed, "stale": stale, "damaged": damaged}
+    return {"records": records, "missing": missing, "failed": failed, "stale": stale, "damaged": damaged,
+            "subsets": long_dependency_subsets(study, records)}
+
+
+# ---------------------------------------------------------------------------
+# long-dependency subsets: one fixed set of sentences per test set
+
+_SOURCE_HEADS: dict[tuple[str, str], dict[str, list[int]]] = {}  # (trees file, its SHA-256) -> heads by key
+
+
+def _source_heads(file: Path, sha256: str) -> dict[str, list[int]]:
+    """The heads of every source tree of a trees file (``structnmt trees export``), by its key
+    (a prefix of its sentence's SHA-256); read once per process."""
+    key = (str(file.resolve()), sha256)
+    if key not in _SOURCE_HEADS:
+        heads: dict[str, list[int]] = {}
+        with gzip.open(file, "rt", encoding="utf-8") as lines:
+            for text in lines:
+                item = json.loads(text)
+                if item.get("side") == "src" and "key" in item:
+                    heads[item["key"]] = [int(h) for h in item["tree"]["heads"]]
+        _SOURCE_HEADS[key] = heads
+    return _SOURCE_HEADS[key]
+
+
+def long_dependency_subsets(study: Study, records: dict[str, dict[int, dict]]) -> dict[str, Any]:
+    """The sentences of each test set's long-dependency subset, one set for every run.
+
+    A run's record keeps the subset chosen from the trees its dataset held, and runs that read
+    other trees chose other sentences, whose scores do not compare. Where the study pins its
+    trees (``trees:``), the subset is chosen once from that file instead: the sentences whose
+    source tree has an arc of ``long_dependency`` words or more (as ``structnmt test`` chooses,
+    :func:`~structnmt.evaluation.challenge.long_dependency_subset`), each sentence looked up by the
+    SHA-256 of its (tokenised) text. Returns ``{"lines": {split: 1-based lines}, "note": what the
+    report says}``; a split left out of ``lines`` (no pinned trees, no file or no source sentences
+    here) keeps each run's own subset, and the note says why.
+    """
+    from structnmt.data.parsing.cache import TREES_FILE_KEY_BYTES, text_key
+    from structnmt.data.tokenisation import MosesTokeniser
+    from structnmt.evaluation.challenge import long_dependency_subset
+    from structnmt.io import sha256_file
+
+    splits = list(dict.fromkeys(scores["subset_of"] for by_seed in records.values() for record in by_seed.values()
+                                for scores in record["scores"].values() if "subset_of" in scores))
+    if not splits or not study.long_dependency:
+        return {"lines": {}, "note": ""}
+    own = ("each run's long-dependency subset is its own, chosen from the trees its dataset held, as its record "
+           "keeps it; runs whose subsets are other sentences are not compared")
+    if study.trees is None:
+        return {"lines": {}, "note": f"Long-dependency subsets: the study pins no trees file, so {own}."}
+    file, sha256 = Path(study.trees.file), study.trees.sha256.lower()
+    if not file.is_file():
+        return {"lines": {}, "note": f"Long-dependency subsets: the study's trees file `{file}` is not on this "
+                                     f"machine, so {own}."}
+    if sha256_file(file) != sha256:
+        return {"lines": {}, "note": f"Long-dependency subsets: `{file}` is not the study's trees file (its SHA-256 "
+                                     f"is not the study file's {sha256[:12]}…), so {own}."}
+    try:
+        heads_of = _source_heads(file, sha256)
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as err:
+        return {"lines": {}, "note": f"Long-dependency subsets: `{file}` is not a readable trees file "
+                                     f"({type(err).__name__}), so {own}."}
+    seed = study.seeds_of(study.baseline)[0]
+    cfg = study.run_config(study.baseline, seed)
+    moses = MosesTokeniser(cfg.data.src.lang) if cfg.data.moses else None  # the text the parser was given
+    lines: dict[str, list[int]] = {}
+    left: list[str] = []
+    for split in splits:
+        sources, where = _split_lines(study, study.baseline, seed, split, "src")
+        if sources is None:
+            left.append(f"{split}: {where}")
+            continue
+        heads = [heads_of.get(text_key(moses.tokenise(s) if moses else s)[:TREES_FILE_KEY_BYTES].hex())
+                 for s in sources]
+        if None in heads:
+            left.append(f"{split}: line {heads.index(None) + 1} has no tree in the file")
+            continue
+        lines[split] = [n + 1 for n in long_dependency_subset(heads, study.long_dependency)]  # type: ignore[arg-type]
+    note = ""
+    if lines:
+        sizes = ", ".join(f"{split} {len(chosen)}" for split, chosen in lines.items())
+        note = (f"Long-dependency subsets (`<test set>{LONGDEP}`): one fixed set of sentences per test set, the same "
+                f"for every run: those whose source tree in the study's trees file (`{file}`, SHA-256 "
+                f"{sha256[:12]}…) has an arc of {study.long_dependency} or more words ({sizes} sentences). Each "
+                "run is scored on them from its hypotheses of the whole test set; the subset its record keeps, "
+                "chosen from the trees its dataset held, is not used.")
+        other: dict[str, list[str]] = {}  # their subsets' sizes -> runs
+        none = []
+        for recipe, by_seed in records.items():
+            for s, record in sorted(by_seed.items()):
+                own_lines = [record["scores"].get(split + LONGDEP, {}).get("lines") for split in lines]
+                if all(chosen is None for chosen in own_lines):
+                    none.append(f"{recipe} s{s}")
+                elif any(mine is not None and mine != chosen for mine, chosen in zip(own_lines, lines.values())):
+                    sizes = " / ".join("-" if m is None else str(len(m)) for m in own_lines)
+                    other.setdefault(sizes, []).append(f"{recipe} s{s}")
+        if other:
+            note += (" Runs whose records chose other sentences, scored here on the fixed ones (by their subsets' "
+                     f"sizes): {_runs_by(other)}.")
+        if none:
+            note += f" Runs whose records keep no subset of their own, scored on them too: {', '.join(none)}."
+    if left:
+        note += (" " if note else "Long-dependency subsets: ") + (
+            f"not fixed for {'; '.join(left)}: there {own}.")
+    return {"lines": lines, "note": note}
 
 
 def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
-    """For each test set and recipe: scores per seed, mean ± sd, and the verdict against the baseline."""
-    from structnmt.evaluation.scores import length_ratio
+    """For each test set and recipe: scores per seed, mean ± sd, and the verdict against the baseline.
+
+    A long-dependency subset whose sentences the study fixed (``data["subsets"]``, see
+    :func:`long_dependency_subsets`) is scored on them from each run's hypotheses of the whole
+    test set and its references (every run that has the test set, whether or not its record
+    keeps a subset); where those references are not here, each run's own subset as recorded,
+    untested. Its rows say which (``subset``)."""
+    from structnmt.evaluation.scores import corpus_scores, length_ratio
     from structnmt.evaluation.significance import aso_seeds, compare_seeds, pooled_bootstrap
 
     records = data["records"]
+    fixed: dict[str, list[int]] = (data.get("subsets") or {}).get("lines") or {}
     tests: list[str] = []
     for by_seed in records.values():
         for record in by_seed.values():
             tests += [t for t in record["scores"] if t not in tests]
-    base = records.get(study.baseline, {})
+    for split in fixed:  # scored for every run that has the whole test set
+        if split in tests and split + LONGDEP not in tests:
+            tests.insert(tests.index(split) + 1, split + LONGDEP)
     out: dict[str, dict[str, dict[str, Any]]] = {}
     cache: dict[tuple[str, str], tuple[list[str] | None, str]] = {}
     checked: dict[tuple[str, int, str], str | None] = {}
@@ -180,31 +313,68 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
         except (OSError, StructNMTError):  # a missing or misaligned hypothesis file: no ratio, not no report
             return None
 
+    def fixed_scores(recipe: str, seed: int, split: str) -> dict[str, Any]:
+        """A run's scores on the study's fixed subset of ``split``, from its hypotheses of the whole split."""
+        refs, _ = whole_split(recipe, seed, split)
+        hyps = run_hypotheses(study, recipe, seed, split)
+        assert refs is not None  # checked before (untestable)
+        if len(hyps) != len(refs):
+            raise StructNMTError(f"{recipe} seed {seed}: {len(hyps)} hypotheses of {split} for {len(refs)} references")
+        lines = fixed[split]
+        scores = corpus_scores([hyps[n - 1] for n in lines], [[refs[n - 1] for n in lines]], metrics=("bleu", "chrf"))
+        return {**scores, "subset_of": split, "lines": lines, "sentences": len(lines)}
+
+    def hypotheses(recipe: str, seed: int, test: str, split: str | None) -> list[str]:
+        if split is None:
+            return run_hypotheses(study, recipe, seed, test)
+        whole = run_hypotheses(study, recipe, seed, split)
+        return [whole[n - 1] for n in fixed[split]]
+
+    order = [study.baseline] + [r.name for r in study.recipes if r.name != study.baseline]
     for test in tests:
+        # the fixed subset of a long-dependency test set, where its references are here to score it
+        split: str | None = test.removesuffix(LONGDEP) if test.endswith(LONGDEP) else None
+        not_fixed = None
+        if split is not None and split in fixed:
+            not_fixed = untestable([(r, s) for r in order for s, record in sorted(records.get(r, {}).items())
+                                    if split in record["scores"]], split)
+        if split not in fixed or not_fixed:
+            split = None
+        scored = {recipe: {s: fixed_scores(recipe, s, split) if split else r["scores"][test]
+                           for s, r in sorted(records.get(recipe, {}).items())
+                           if (split or test) in r["scores"]} for recipe in order}
+        base = scored[study.baseline]
+        base_seeds = sorted(base)
         rows: dict[str, dict[str, Any]] = {}
-        for recipe in [study.baseline] + [r.name for r in study.recipes if r.name != study.baseline]:
-            by_seed = {s: r for s, r in records.get(recipe, {}).items() if test in r["scores"]}
+        for recipe in order:
+            by_seed = scored[recipe]
             if not by_seed:
                 continue
             row: dict[str, Any] = {
-                "bleu": {s: r["scores"][test]["bleu"] for s, r in sorted(by_seed.items())},
-                "chrf": {s: r["scores"][test]["chrf"] for s, r in sorted(by_seed.items())},
-                "signature": next(iter(by_seed.values()))["scores"][test].get("signature", {}),
-                "ratio": {s: ratio(recipe, s, test, r["scores"][test]) for s, r in sorted(by_seed.items())},
+                "bleu": {s: scores["bleu"] for s, scores in by_seed.items()},
+                "chrf": {s: scores["chrf"] for s, scores in by_seed.items()},
+                "signature": next(iter(by_seed.values())).get("signature", {}),
+                "ratio": {s: ratio(recipe, s, test, scores) for s, scores in by_seed.items()},
             }
-            base_seeds = sorted(s for s, r in base.items() if test in r["scores"])
-            subsets = {json.dumps(r["scores"][test].get("lines")) for r in list(by_seed.values()) +
-                       [base[s] for s in base_seeds]}
-            if recipe != study.baseline and base_seeds and len(subsets) > 1:
+            if any("lines" in scores for scores in by_seed.values()):
+                row["subset"] = {"fixed": split is not None,
+                                 "sentences": sorted({len(scores.get("lines", ())) for scores in by_seed.values()})}
+                if not_fixed:
+                    row["subset"]["why"] = not_fixed
+            subsets = {json.dumps(scores.get("lines")) for scores in [*by_seed.values(), *base.values()]}
+            if recipe == study.baseline or not base_seeds:
+                pass
+            elif len(subsets) > 1 and not not_fixed:
                 # a long-dependency subset chosen from other trees: not the same sentences
                 row["verdict"] = {"verdict": "not compared (the subset's sentences differ between runs)", "p": {}}
-            elif recipe != study.baseline and base_seeds:
+            else:
                 seeds = sorted(by_seed)
-                why = untestable([(recipe, s) for s in seeds] + [(study.baseline, s) for s in base_seeds], test)
+                why = not_fixed or (None if split else untestable([(recipe, s) for s in seeds] +
+                                                                  [(study.baseline, s) for s in base_seeds], test))
                 if why is None:
-                    refs = references(recipe, seeds[0], test, by_seed[seeds[0]]["scores"][test])
-                    ours = [run_hypotheses(study, recipe, s, test) for s in seeds]
-                    theirs = [run_hypotheses(study, study.baseline, s, test) for s in base_seeds]
+                    refs = references(recipe, seeds[0], test, by_seed[seeds[0]])
+                    ours = [hypotheses(recipe, s, test, split) for s in seeds]
+                    theirs = [hypotheses(study.baseline, s, test, split) for s in base_seeds]
                     result = compare_seeds(ours, theirs, [refs])
                     verdict = result.verdict
                     have, want = (len(seeds), len(base_seeds)), (len(study.seeds_of(recipe)),
@@ -213,12 +383,13 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
                         verdict += f" so far ({_seeds_so_far(have, want)})"
                     pooled = pooled_bootstrap(ours, theirs, [refs])
                     row["verdict"] = {"verdict": verdict, "rule": result.rule, "pooled_p": pooled.p_value,
+                                      "pooled_n": pooled.n_samples,
                                       "p": {f"{seeds[s]}/{base_seeds[b]}": r.p_value for s, b, r in result.pairs}}
                 else:  # records travel, references stay with the data (the project ships no corpus text)
                     row["verdict"] = {"verdict": f"{NOT_TESTED}: {why}", "p": {}}
-                # across trainings, from the scores alone: needs no references
-                row.setdefault("verdict", {})["aso"] = aso_seeds(list(row["bleu"].values()),
-                                                                 [base[s]["scores"][test]["bleu"] for s in base_seeds])
+                if len(subsets) == 1:  # across trainings, from the scores alone: needs no references
+                    row["verdict"]["aso"] = aso_seeds(list(row["bleu"].values()),
+                                                      [base[s]["bleu"] for s in base_seeds])
             rows[recipe] = row
         out[test] = rows
     return out
@@ -261,9 +432,59 @@ def _picture(study: Study, table: dict[str, dict[str, dict[str, Any]]], path: Pa
     return path
 
 
+def pooled_holm(table: dict[str, dict[str, dict[str, Any]]]) -> dict[tuple[str, str], float]:
+    """Holm-adjusted seed-pooled p by (test set, recipe), the family being every comparison of the
+    table against its baseline that has a pooled p (every recipe on every test set it was tested
+    on, long-dependency subsets included)."""
+    keys = [(test, recipe) for test, rows in table.items() for recipe, row in rows.items()
+            if (row.get("verdict") or {}).get("pooled_p") is not None]
+    return dict(zip(keys, holm([table[test][recipe]["verdict"]["pooled_p"] for test, recipe in keys])))
+
+
+def _compared(baseline: str, table: dict[str, dict[str, dict[str, Any]]]) -> list[tuple[str, str, str]]:
+    """(test set, recipe, verdict) of every recipe with a verdict against the baseline."""
+    return [(test, recipe, verdict) for test, rows in table.items() for recipe, row in rows.items()
+            if recipe != baseline and (verdict := (row.get("verdict") or {}).get("verdict"))]
+
+
+def headline(baseline: str, table: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """The findings, the primary rule's first: how many comparisons it calls better, worse or
+    neither; then, as suggestive only, where the seed-pooled bootstrap is below 0.05 before and
+    after Holm's correction."""
+    compared = _compared(baseline, table)
+    if not compared:
+        return []
+    tested = [(t, r, v) for t, r, v in compared if v.startswith(("better", "worse", "no significant"))]
+    better = [f"{r} on {t}" for t, r, v in tested if v.startswith("better")]
+    worse = [f"{r} on {t}" for t, r, v in tested if v.startswith("worse")]
+    so_far = " (some so far, with fewer seeds than the study has)" if any("so far" in v for _, _, v in tested) else ""
+    named = {kind: f" ({', '.join(which)})" if which else "" for kind, which in (("better", better), ("worse", worse))}
+    text = (f"**Primary verdict** (the rule declared before the runs, below): of the {len(tested)} recipe × "
+            f"test-set comparisons against `{baseline}` tested here{so_far}, {len(better)} better{named['better']}, "
+            f"{len(worse)} worse{named['worse']}, {len(tested) - len(better) - len(worse)} no significant difference.")
+    if len(compared) > len(tested):
+        text += f" {len(compared) - len(tested)} more not tested or not compared (their rows say why)."
+    lines = [text, ""]
+    adjusted = pooled_holm(table)
+    if adjusted:
+        raw = [(t, r) for (t, r) in adjusted if table[t][r]["verdict"]["pooled_p"] < ALPHA]
+        kept = [f"{r} on {t} ({format_p(table[t][r]['verdict']['pooled_p'])}, Holm {format_p(p)})"
+                for (t, r), p in adjusted.items() if p < ALPHA]
+        resamples = min(table[t][r]["verdict"].get("pooled_n") or 1000 for t, r in adjusted)
+        floor = "" if len(adjusted) / (resamples + 1) < ALPHA else (
+            f" (with {resamples:,} resamples no pooled p is below 1/{resamples + 1:,}, so over {len(adjusted)} "
+            f"comparisons none can stay below {ALPHA}: a family this large needs more resamples)")
+        lines += [f"**Secondary, suggestive only**: the seed-pooled bootstrap (which resamples sentences of these "
+                  f"trainings, not trainings) has p < {ALPHA} in {len(raw)} of the {len(adjusted)} comparisons, "
+                  f"{len(kept)} after Holm's correction over all {len(adjusted)}{floor}"
+                  f"{': ' + '; '.join(kept) if kept else ''}. It does not change the verdict.", ""]
+    return lines
+
+
 def summary_lines(baseline: str, table: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
     """The table a paper prints: recipes by test sets, mean BLEU with its gap to the baseline and
     a mark where the verdict is better or worse, so the whole comparison reads at a glance."""
+    adjusted = pooled_holm(table)
     tests = list(table)
     recipes: list[str] = []
     for rows in table.values():
@@ -288,7 +509,10 @@ def summary_lines(baseline: str, table: dict[str, dict[str, dict[str, Any]]]) ->
             mark = " ▲" if verdict.startswith("better") else " ▼" if verdict.startswith("worse") else ""
             mark += "*" if mark and "so far" in verdict else ""
             pooled = (row.get("verdict") or {}).get("pooled_p")
-            mark += " †" if pooled is not None and pooled < 0.05 else ""
+            if adjusted.get((test, recipe), 1.0) < ALPHA:  # secondary: below alpha after Holm's correction
+                mark += " †"
+            elif pooled is not None and pooled < ALPHA:  # below alpha before the correction only
+                mark += " (†)"
             cells.append(f"{statistics.mean(bleu):.2f} ({statistics.mean(bleu) - statistics.mean(base):+.2f}){mark}")
         lines.append(f"| {recipe} | {len(seeds)} | " + " | ".join(cells) + " |")
     return lines
@@ -299,9 +523,13 @@ def summary_legend(baseline: str, table: dict[str, dict[str, dict[str, Any]]]) -
     verdicts = [(row.get("verdict") or {}).get("verdict", "") for rows in table.values() for row in rows.values()]
     marked = any(v.startswith(("better", "worse")) and "so far" in v for v in verdicts)
     provisional = "; *: so far, with fewer seeds than the study has" if marked else ""
+    family = len(pooled_holm(table))
+    pooled = "" if not family else (
+        f"; secondary, suggestive only (neither changes the verdict): †: the mean over seeds differs from the "
+        f"baseline's with p < {ALPHA} by the seed-pooled bootstrap after Holm's correction over the {family} "
+        f"comparisons of this report, (†): with p < {ALPHA} before the correction only")
     return (f"BLEU, mean over the recorded seeds (in brackets: minus `{baseline}`'s mean); ▲ better, ▼ worse "
-            f"by that rule, no mark: no significant difference{provisional}; †: the mean over seeds differs "
-            "from the baseline's with p < 0.05 by the seed-pooled bootstrap (below; it does not change the verdict).")
+            f"by the primary rule, no mark: no significant difference{provisional}{pooled}.")
 
 
 def _tested_on(study: Study) -> str:
@@ -320,11 +548,13 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
     lines += [f"{len(all_records)} of {n_runs} runs recorded ({len(data['failed'])} failed, "
               f"{len(data['missing'])} pending, {len(data['stale'])} stale{damaged}). Every run trains exactly "
               f"{study.max_steps} updates and is tested on {_tested_on(study)} with beam search.", ""]
+    trees = trees_read(study, records, (data.get("subsets") or {}).get("lines") or {})
+    lines += [*warnings, ""] if (warnings := provenance_warnings(study, records, trees)) else []
     lines += ["## Commands", "", "```sh",
               f"structnmt study {study.path}            # runs what is missing, then writes this report",
               f"structnmt study {study.path} --status   # where every run stands",
               f"structnmt study {study.path} {report_flags}   # this report from the records", "```", ""]
-    machines = sorted({f"{_cpu(r)}, {r.get('device')}, {r.get('precision')}, {r.get('threads')} thread(s)"
+    machines = sorted({f"{_cpu(r)}, {r.get('device')}, {r.get('precision')}, {_threads(r)} thread(s)"
                        for r in all_records})
     if machines:
         lines += ["Where the runs trained: " + "; ".join(machines) + ".", ""]
@@ -335,26 +565,44 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
 
     rule = next((row["verdict"]["rule"] for rows in table.values() for row in rows.values()
                  if "rule" in row.get("verdict", {})), SEED_RULE.format(alpha=0.05, n=1000, seed=12345))
-    lines += ["## Scores", "", f"Verdicts against `{study.baseline}`: {rule} p per seed pair is given as "
-              "system seed/baseline seed: p. It asks whether every training of the recipe translates this "
-              "test set better than every training of the baseline, sentences being the sample. Beside it, "
-              "\"p pooled\": one paired bootstrap of the mean over "
-              "seeds (Clark et al. 2011, as MultEval; the same 1,000 resamples of the sentences score every "
-              "seed of both recipes; two-sided). It asks whether the recipes differ on average, with more "
-              "power than asking every seed pair to agree; the verdict stays the rule above. Both resample "
-              "sentences of the trainings there are; neither asks how another training would do.", ""]
-    if any(row.get("verdict", {}).get("aso") for rows in table.values() for row in rows.values()):
-        lines += [ASO_RULE.format(n=1000, seed=12345, confidence=0.95) + " It needs no references.", ""]
+    family = len(pooled_holm(table))
+    lines += ["## Scores", "", *headline(study.baseline, table),
+              f"**Verdicts against `{study.baseline}`**, by the primary rule, declared before the runs: {rule} "
+              "p per seed pair is given as system seed/baseline seed: p. It asks whether every training of the "
+              "recipe translates this test set better than every training of the baseline, sentences being the "
+              "sample.", "",
+              "**Secondary tests, suggestive only** (they never change the verdict): \"p pooled\": one paired "
+              "bootstrap of the mean over seeds (Clark et al. 2011, as MultEval; the same 1,000 resamples of the "
+              "sentences score every seed of both recipes; two-sided). It asks whether the recipes differ on "
+              "average, with more power than asking every seed pair to agree. \"Holm\": that p adjusted by "
+              f"Holm's step-down correction (Holm 1979) over the family of all {family} recipe × test-set "
+              f"comparisons against `{study.baseline}` in this report that have a pooled p (every recipe on every "
+              "test set, long-dependency subsets included), so that the chance of any false finding among them "
+              f"stays below {ALPHA}: read it, not the raw p, against {ALPHA}. Both bootstraps resample sentences "
+              "of the trainings there are, not trainings; neither asks how another training would do.", ""]
+    aso_rows = [(len(row["bleu"]), len(rows[study.baseline]["bleu"])) for rows in table.values()
+                for recipe, row in rows.items() if row.get("verdict", {}).get("aso") and study.baseline in rows]
+    if aso_rows:
+        chances = "; ".join(f"once in {round(1 / order_by_chance(k, n))} with {k} seeds against {n}"
+                            for k, n in sorted(set(aso_rows), reverse=True))
+        lines += [ASO_RULE.format(n=1000, seed=12345, confidence=0.95) + " It needs no references. With so few "
+                  "seeds, ε = 0.00 one way says no more than that every seed of one recipe scored above every seed "
+                  f"of the other, which chance alone gives when the recipes do not differ ({chances}): suggestive, "
+                  "not a finding.", ""]
+    if (data.get("subsets") or {}).get("note"):
+        lines += [data["subsets"]["note"], ""]
     summary = summary_lines(study.baseline, table)
     if summary:
         lines += [summary_legend(study.baseline, table), "", *summary, "",
                   "Length ratio (below): the hypotheses' length over the references' as BLEU counts them; "
                   "below 1 BLEU's brevity penalty applies (BP = exp(1 − 1/ratio)), so a gap in BLEU between "
                   "recipes whose ratios differ is partly a gap in output length.", ""]
+    holm_p = pooled_holm(table)
     for test, rows in table.items():
-        lines += [f"### {test}", "", "| recipe | BLEU (mean ± sd) | chrF (mean ± sd) | length ratio | BLEU per seed | "
-                  "Δ BLEU | verdict | p per seed pair | p pooled | ASO ε |",
-                  "|---|---:|---:|---:|---|---:|---|---|---:|---|"]
+        lines += [f"### {test}", "", *_subset_lines(rows),
+                  "| recipe | BLEU (mean ± sd) | chrF (mean ± sd) | length ratio | BLEU per seed | "
+                  "Δ BLEU | verdict (primary) | p per seed pair | p pooled | p pooled, Holm | ASO ε |",
+                  "|---|---:|---:|---:|---|---:|---|---|---:|---:|---|"]
         base_bleu = list(rows.get(study.baseline, {}).get("bleu", {}).values())
         for recipe, row in rows.items():
             bleu = list(row["bleu"].values())
@@ -365,10 +613,12 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
             label = verdict.get("verdict", "baseline" if recipe == study.baseline else "no baseline runs")
             per_seed = ", ".join(f"s{s}: {v:.2f}" for s, v in row["bleu"].items())
             pooled = format_p(verdict["pooled_p"]) if verdict.get("pooled_p") is not None else ""
+            adjusted = format_p(holm_p[(test, recipe)]) if (test, recipe) in holm_p else ""
             aso = " / ".join(f"{e:.2f}" for e in verdict["aso"]) if verdict.get("aso") else ""
             ratios = [r for r in row.get("ratio", {}).values() if r is not None]
             lines.append(f"| {recipe} | {_mean_sd(bleu)} | {_mean_sd(list(row['chrf'].values()))} | "
-                         f"{_mean_sd(ratios, 3)} | {per_seed} | {delta} | {label} | {pvals} | {pooled} | {aso} |")
+                         f"{_mean_sd(ratios, 3)} | {per_seed} | {delta} | {label} | {pvals} | {pooled} | {adjusted} | "
+                         f"{aso} |")
         lines.append("")
     if picture is not None:
         rel = Path(picture).resolve().relative_to(out.parent.resolve()) if out.parent.resolve() in \
@@ -386,6 +636,7 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
                          f"{r['test_seconds'] / 60:.1f} | {r.get('device')} | {r.get('precision')} | {threads} | "
                          f"{resumed} | {r.get('finished', '')[:16]} |")
     lines.append("")
+    lines += provenance_lines(study, records, trees)
     if data.get("damaged"):
         lines += ["## Damaged records", ""]
         lines += [f"- **{recipe} seed {seed}**: {why}" for recipe, seed, why in data["damaged"]]
@@ -412,6 +663,198 @@ def _cpu(record: dict) -> str:
     differ in it (AVX-512 with bf16 or AVX2 alone), and with it in speed and precision."""
     isa = (record.get("cpu_info") or {}).get("isa")
     return f"{record.get('cpu')} ({isa})" if isa else str(record.get("cpu"))
+
+
+def _subset_lines(rows: dict[str, dict[str, Any]]) -> list[str]:
+    """Under a long-dependency test set's heading: which sentences its rows were scored on."""
+    subsets = [row["subset"] for row in rows.values() if "subset" in row]
+    if not subsets:
+        return []
+    sizes = sorted({n for subset in subsets for n in subset["sentences"]})
+    if all(subset["fixed"] for subset in subsets):
+        return [f"Scored on {' or '.join(map(str, sizes))} sentences, the same for every run: the fixed subset "
+                "(see above).", ""]
+    why = next((subset["why"] for subset in subsets if subset.get("why")), None)
+    return [f"Each run's own subset, as its record keeps it ({' or '.join(map(str, sizes))} sentences)"
+            + (f"; not the study's fixed one, which needs the references: {why}" if why else "") + ".", ""]
+
+
+def _threads(record: dict[str, Any]) -> str:
+    """The threads a run trained with: its calls' (a record made with ``threads: 0``, "the
+    executor's share", keeps the share each call got there), else the record's; ? when unknown."""
+    calls = [c.get("threads") for c in record.get("calls") or [] if isinstance(c, dict)]
+    known = [t for t in calls if isinstance(t, int) and t > 0]
+    if known:
+        return ", ".join(str(t) for t in dict.fromkeys(known))
+    threads = record.get("threads")
+    return str(threads) if isinstance(threads, int) and threads > 0 else "?"
+
+
+def _machine_kinds(record: dict[str, Any]) -> list[str]:
+    """The kinds of machine a run trained on: the record's CPU (with its instruction set) and GPU,
+    and any other a call of a resumed run names."""
+    def kind(cpu: str, gpu: Any) -> str:
+        return f"{cpu} + {gpu}" if gpu else cpu
+
+    kinds = [kind(_cpu(record), record.get("gpu"))]
+    for call in record.get("calls") or []:
+        if not isinstance(call, dict):
+            continue
+        other_cpu = call.get("cpu") and call["cpu"] != record.get("cpu")
+        if other_cpu or (call.get("gpu") and call.get("gpu") != record.get("gpu")):
+            kinds.append(kind(call.get("cpu") if other_cpu else _cpu(record), call.get("gpu")))
+    return list(dict.fromkeys(kinds))
+
+
+def _commits(record: dict[str, Any]) -> list[str]:
+    """structnmt's commits a run was trained (each call's) and tested (the record's) at, short; or
+    ["not recorded"]."""
+    found = [c.get("git_commit") for c in record.get("calls") or [] if isinstance(c, dict)]
+    found.append(record.get("git_commit"))
+    short = [f"{c[:7]}{'+dirty' if c.endswith('+dirty') else ''}" for c in found if isinstance(c, str) and c]
+    return list(dict.fromkeys(short)) or ["not recorded"]
+
+
+def _own_subsets_match(record: dict[str, Any], lines: dict[str, list[int]]) -> bool | None:
+    """Whether the long-dependency subsets a record chose (from the trees its dataset held) are the
+    fixed ones (chosen from the study's trees file); None when there is nothing to compare."""
+    mine = [(split, (record["scores"].get(split + LONGDEP) or {}).get("lines")) for split in lines]
+    mine = [(split, chosen) for split, chosen in mine if chosen is not None]
+    return all(chosen == lines[split] for split, chosen in mine) if mine else None
+
+
+def trees_read(study: Study, records: dict[str, dict[int, dict]], lines: dict[str, list[int]]
+               ) -> dict[tuple[str, int], dict[str, Any]]:
+    """Which trees each run read, without the dataset (a fresh clone has the records only).
+
+    A run that reads trees keeps their digest (``record["trees"]``, over its dataset's arrays); the
+    study's are the digest of the runs of that dataset whose long-dependency subsets are the ones
+    the study's trees file gives (else the one most runs have). A run with another digest, or whose
+    own subsets are other sentences (records made before digests were kept), read other trees.
+    Returns ``{(recipe, seed): {"cell": for the table, "other": why, when other trees}}``."""
+    def digest(record: dict[str, Any]) -> str | None:
+        trees = record.get("trees")
+        return json.dumps(trees, sort_keys=True) if isinstance(trees, dict) and trees else None
+
+    def short(record: dict[str, Any]) -> str:
+        return "+".join(str(v)[:8] for _, v in sorted(record["trees"].items()))
+
+    pinned: dict[str, Counter] = {}
+    every: dict[str, Counter] = {}
+    for recipe, by_seed in records.items():
+        for seed, record in by_seed.items():
+            if record.get("reads_trees") and (d := digest(record)) is not None:
+                where = str(study.run_config(recipe, seed).data.dir)
+                every.setdefault(where, Counter())[d] += 1
+                if _own_subsets_match(record, lines):
+                    pinned.setdefault(where, Counter())[d] += 1
+
+    def reference(where: str) -> tuple[str | None, bool]:
+        """The study's digest for a dataset, and whether the trees file vouches for it."""
+        for counts, vouched in ((pinned.get(where), True), (every.get(where), False)):
+            top = (counts or Counter()).most_common(2)
+            if top:
+                return (top[0][0], vouched) if len(top) == 1 or top[0][1] > top[1][1] else (None, vouched)
+        return None, False
+
+    out: dict[tuple[str, int], dict[str, Any]] = {}
+    for recipe, by_seed in records.items():
+        for seed, record in sorted(by_seed.items()):
+            if not record.get("reads_trees"):
+                out[(recipe, seed)] = {"cell": "reads none", "other": None}
+                continue
+            d, match = digest(record), _own_subsets_match(record, lines)
+            ref, vouched = reference(str(study.run_config(recipe, seed).data.dir))
+            if match is False:
+                sizes = " / ".join(str(len((record["scores"].get(s + LONGDEP) or {}).get("lines") or ()))
+                                   for s in lines)
+                fixed = " / ".join(str(len(chosen)) for chosen in lines.values())
+                mine = f"digest {short(record)}, and " if d else ""
+                out[(recipe, seed)] = {"cell": f"**other** ({short(record) if d else 'by its subsets'})",
+                                       "other": f"{mine}long-dependency subsets of other sentences ({sizes} against "
+                                                f"the trees file's {fixed})"}
+            elif d is not None and ref is not None and d != ref:
+                theirs = "the runs that read the study's trees" if vouched else "most runs of the dataset"
+                out[(recipe, seed)] = {"cell": f"**other** ({short(record)})",
+                                       "other": f"digest {short(record)}, where {theirs} have "
+                                                f"{'+'.join(v[:8] for _, v in sorted(json.loads(ref).items()))}"}
+            elif d is not None:
+                pinned_here = study.trees is not None and (match or (d == ref and vouched))
+                out[(recipe, seed)] = {"cell": f"pinned ({short(record)})" if pinned_here else short(record),
+                                       "other": None}
+            elif match:
+                out[(recipe, seed)] = {"cell": "pinned (by its subsets)", "other": None}
+            else:
+                out[(recipe, seed)] = {"cell": "not recorded", "other": None}
+    return out
+
+
+def _runs_by(values: dict[str, list[str]]) -> str:
+    return "; ".join(f"{value}: {', '.join(runs)}" for value, runs in values.items())
+
+
+def provenance_warnings(study: Study, records: dict[str, dict[int, dict]],
+                        trees: dict[tuple[str, int], dict[str, Any]]) -> list[str]:
+    """A line for each seed whose runs trained on different kinds of machine or at different
+    commits (their scores are pooled all the same: a seed is a training's draw, not a machine),
+    and one naming the runs that read other trees than the study's."""
+    out = []
+    for seed in sorted({s for by_seed in records.values() for s in by_seed}):
+        kinds: dict[str, list[str]] = {}
+        commits: dict[str, list[str]] = {}
+        for recipe, by_seed in records.items():
+            if seed in by_seed:
+                for kind in _machine_kinds(by_seed[seed]):
+                    kinds.setdefault(kind, []).append(recipe)
+                for commit in _commits(by_seed[seed]):
+                    commits.setdefault(commit, []).append(recipe)
+        if len(kinds) > 1:
+            out.append(f"- **Warning: seed {seed} pools runs on {len(kinds)} kinds of machine**, {_runs_by(kinds)}. "
+                       "They are pooled all the same: a gap between recipes may partly be a gap between machines.")
+        if len(commits) > 1:
+            out.append(f"- **Warning: seed {seed} pools runs of {len(commits)} commits**, {_runs_by(commits)}. "
+                       "They are pooled all the same: a gap between recipes may partly be a change of code.")
+    other: dict[str, list[str]] = {}  # why -> runs
+    for (recipe, seed), t in trees.items():
+        if t["other"]:
+            other.setdefault(t["other"], []).append(f"{recipe} seed {seed}")
+    if other:
+        whose = (f"the study's pinned trees (`{study.trees.file}`)" if study.trees is not None else
+                 "the trees most runs of their dataset read")
+        count = sum(len(runs) for runs in other.values())
+        named = "; ".join(", ".join(runs) + f": {why}" for why, runs in other.items())
+        out.append(f"- **Warning: {count} run(s) read other trees than {whose}**, {named}. "
+                   "Their scores are pooled with the others' all the same.")
+    return out
+
+
+def provenance_lines(study: Study, records: dict[str, dict[int, dict]],
+                     trees: dict[tuple[str, int], dict[str, Any]]) -> list[str]:
+    """The section listing, seed by seed, where and with what each run trained."""
+    if not records:
+        return []
+
+    def cell(value: Any, absent: str = "-") -> str:
+        return absent if value is None else f"{value:g}" if isinstance(value, float) else str(value)
+
+    lines = ["## Provenance by seed", "",
+             "Machine: the CPU (with the instruction set torch used) and GPU the run trained on (a resumed run: "
+             "every one its calls name); commit: structnmt's commit at each call and at testing (+dirty: with "
+             "changes not committed); threads: each call's; trees: the digest of the trees its model read "
+             "(pinned: the study's; **other**: not the study's); -: not recorded (records made before it was "
+             "kept).", "",
+             "| seed | recipe | machine | cores | memory (GiB) | GPU | precision | threads | commit | trees |",
+             "|---:|---|---|---:|---:|---|---|---|---|---|"]
+    for seed in sorted({s for by_seed in records.values() for s in by_seed}):
+        for recipe, by_seed in records.items():
+            if seed not in by_seed:
+                continue
+            r = by_seed[seed]
+            gpu = cell(r.get("gpu"), "none") if "gpu" in r else "-"
+            lines.append(f"| {seed} | {recipe} | {'; '.join(_machine_kinds(r))} | {cell(r.get('cores'))} | "
+                         f"{cell(r.get('memory_gib'))} | {gpu} | {r.get('precision')} | {_threads(r)} | "
+                         f"{', '.join(_commits(r))} | {trees.get((recipe, seed), {}).get('cell', '-')} |")
+    return [*lines, ""]
 
 
 def _calls_cells(record: dict[str, Any], log: Path) -> tuple[str, str]:
@@ -464,10 +907,16 @@ def write_report(study: Study, out: str | Path | None = None, baseline: str | No
     picture = _picture(study, table, out.with_suffix(".png"))
     text = render(study, data, table, picture, out, flags)
     atomic_write_text(out, text)
-    summary = {test: {recipe: {"bleu": row["bleu"], "verdict": (row.get("verdict") or {}).get("verdict"),
-                               "pooled_p": (row.get("verdict") or {}).get("pooled_p"),
-                               "aso": (row.get("verdict") or {}).get("aso")}
-                      for recipe, row in rows.items()} for test, rows in table.items()}
+    holm_p = pooled_holm(table)
+
+    def summary_row(test: str, recipe: str, row: dict[str, Any]) -> dict[str, Any]:
+        verdict = row.get("verdict") or {}
+        out = {"bleu": row["bleu"], "verdict": verdict.get("verdict"), "pooled_p": verdict.get("pooled_p"),
+               "pooled_p_holm": holm_p.get((test, recipe)), "holm_family": len(holm_p), "aso": verdict.get("aso")}
+        return {**out, "subset": row["subset"]} if "subset" in row else out
+
+    summary = {test: {recipe: summary_row(test, recipe, row) for recipe, row in rows.items()}
+               for test, rows in table.items()}
     atomic_write_text(out.with_suffix(".json"), json.dumps(summary, indent=2) + "\n")
     return out
 

@@ -63,7 +63,9 @@ DONE, FAILED_STATUS, INTERRUPTED, BUSY = "done", "failed", "interrupted", "busy"
 def dataset_identity(cfg: Any, model_reads_trees: bool) -> dict[str, Any]:
     """The sub-word model(s) of the run's dataset and, when its model reads trees, its parsers."""
     directory = Path(cfg.data.dir)
-    meta = json.loads((directory / "meta.json").read_text(encoding="utf-8"))
+    from structnmt.data.dataset import check_meta, read_meta
+
+    meta = check_meta(read_meta(directory), directory)  # damaged or incomplete: named, not a traceback
     subwords = {}
     for side, info in meta["subwords"].items():
         digest = hashlib.sha256((directory / info["file"]).read_bytes()).hexdigest()
