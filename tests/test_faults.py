@@ -1450,3 +1450,21 @@ def items_3_and_4_cli_cases(demo: Path, root: Path) -> list[list[str]]:
         incomplete_meta(copy, case)
         cases.append(translate_args(demo, "--dataset", str(copy)))
     return [[str(arg) for arg in argv] for argv in cases]
+
+
+def test_inspect_align_refuses_no_sentences_and_no_gold_links(demo: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture) -> None:
+    """Empty source, target and gold files once printed AER 0.0 (perfect) over 0 sentences; gold
+    files without a single link give 0.0 whatever the model does. Both are refused, naming the file."""
+    monkeypatch.chdir(demo)
+    for name in ("empty.src", "empty.tgt", "empty.gold"):
+        (demo / name).write_text("", encoding="utf-8")
+    message = failing(capsys, "inspect", "align", "demo/run", "--src", "empty.src", "--tgt", "empty.tgt",
+                      "--gold", "empty.gold", "--out", str(demo / "aligned_empty"))
+    assert message.startswith("empty.src: no sentences")
+    (demo / "one.src").write_text("the dog sees a cat .\n", encoding="utf-8")
+    (demo / "one.tgt").write_text("der hund sieht .\n", encoding="utf-8")
+    (demo / "blank.gold").write_text("\n", encoding="utf-8")
+    message = failing(capsys, "inspect", "align", "demo/run", "--src", "one.src", "--tgt", "one.tgt",
+                      "--gold", "blank.gold", "--out", str(demo / "aligned_blank"))
+    assert message.startswith("blank.gold: no gold link on any line")

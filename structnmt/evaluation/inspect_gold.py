@@ -167,6 +167,8 @@ def inspect_align_gold(translator: Translator, src: str | Path, tgt: str | Path,
     """AER of the model's cross-attention alignments between the whitespace words of ``src``
     and ``tgt`` against ``gold`` (see the module)."""
     sources = _lines(src, None, "sources")
+    if not sources:  # AER over no sentence would print 0.0, which reads as a perfect alignment
+        raise DataError("no sentences: nothing to align and score (AER needs at least one sentence)", src)
     targets = _lines(tgt, len(sources), "targets")
     encoded = translator.encode_sources(sources)
     examples = [Example(src=s.src, tgt=_target(translator, t)) for s, t in zip(encoded, targets)]
@@ -181,6 +183,8 @@ def inspect_align_gold(translator: Translator, src: str | Path, tgt: str | Path,
     links = read_alignments(str(gold), gold_format, n_words)
     if len(links) != len(sources):
         raise DataError(f"{len(links)} lines of gold alignments for {len(sources)} sentences", gold)
+    if not any(sure or possible for sure, possible in links):
+        raise DataError("no gold link on any line: AER would be 0.0 whatever the model does", gold)
     fields = {"src": translator.source_fields()["src"], "tgt": set()}
     found = cross_attention_alignments(translator.model, _batches(translator, examples, fields, index), layer=layer)
     sure, possible = [s for s, _ in links], [p for _, p in links]
