@@ -19,7 +19,7 @@ import torch
 from structnmt.config import TrainingConfig
 from structnmt.training import compiled as C
 from structnmt.training.updater import Updater
-from tests.registry_cases import batches, make_model, prepare_synthetic, vocab_size
+from tests.registry_cases import all_cases, batches, make_model, prepare_synthetic, vocab_size
 
 pytestmark = pytest.mark.skipif(C.compile_unavailable(torch.device("cpu")) is not None,
                                 reason=f"torch.compile cannot run here: {C.compile_unavailable(torch.device('cpu'))}")
@@ -136,3 +136,24 @@ def test_what_auto_on_and_off_resolve_to(monkeypatch):
 ])
 def test_batch_lengths_are_padded_to_8_only_for_compiled_training_on_cuda(setting, compiled, device, expected):
     assert C.length_multiple(setting, compiled, torch.device(device)) == expected
+
+
+@pytest.mark.parametrize("case", sorted(all_cases()))
+def test_every_methods_compiled_part_of_an_update_is_one_graph(dataset, case):
+    """The part of an update that ``training.compile`` compiles (``Updater._forward_loss``: the
+    forward pass, the loss and the methods' auxiliary losses, under bf16 autocast) traces as one
+    graph for every registered method, with ``fullgraph=True``: a host synchronisation
+    (``.item()``, ``bool(tensor)``, a Python branch on a value) or any other graph break fails
+    here, on the CPU, before it costs a GPU step. Dynamo's ``eager`` back end traces without
+    generating kernels, so the check is seconds a method; the backward runs through the graph."""
+    torch._dynamo.reset()
+    torch.manual_seed(5)
+    model = make_model(case, vocab_size(dataset), dropout=0.1).train()
+    cfg = TrainingConfig(lr=1e-3, warmup=4, precision="bf16", compile="off")
+    updater = Updater(model, cfg, torch.device("cpu"))
+    batch = batches(dataset, "train", model, max_tokens=400, multiple=8)[0]
+    step = torch.compile(updater._forward_loss, backend="eager", fullgraph=True)
+    total, loss, nll, aux = step(batch)
+    total.backward()
+    assert torch.isfinite(total) and total.requires_grad
+    assert any(p.grad is not None for p in model.parameters())
