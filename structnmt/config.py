@@ -353,8 +353,8 @@ class TrainingConfig:
     # torch.compile of forward + loss (structnmt/training/compiled.py); auto: on CUDA GPUs only
     compile: Literal["auto", "on", "off"] = "auto"
     # batch lengths rounded up to a multiple of this; 0: auto = 8 where training is compiled on
-    # CUDA (inductor specialises its kernels on length % 8 there: mixed lengths compiled five
-    # graphs on an H100, 2026-11-26), else 1 (every CPU result unchanged); never past
+    # CUDA (inductor specialises its kernels on length % 8 there, so mixed lengths compile one
+    # graph per combination), else 1 (every CPU result unchanged); never past
     # model.max_positions, and validation batches are not padded
     pad_to_multiple: int = 0
     threads: int = 0  # torch intra-op threads; 0: library default

@@ -8,17 +8,16 @@ or step by step with the explicit (B, H, I, J) score and weight matrices (``"exp
 * Explicit whenever someone records the layer's ``"probs"`` (a loss, an analysis), a plug-in
   declares ``explicit = True`` (it reads or replaces scores or weights: DBSA's heads, relative
   positions on values), or ``model.attention_kernel`` asks for it. Under ``auto`` that is bf16/fp16
-  on a CPU, where PyTorch's CPU kernel is slower than three plain ops at NMT shapes (measured on
-  the benchmark machine: vanilla training 3,560 vs 2,920 target tokens/s in bf16; in fp32 the
-  fused kernel is ~2% faster, and on CUDA it is the fast one).
+  on a CPU, where PyTorch's CPU kernel is slower than three plain ops at NMT shapes (in fp32
+  and on CUDA the fused kernel is the faster one; figures in docs/benchmarks.md).
 * A layer whose plug-ins only change queries/keys or add a ``bias`` takes SDPA, as before.
 * A layer with *structural* plug-ins (a ``scores`` or ``probs`` hook that has a fused form:
   ``additive``, ``score_mod``, ``prob_scale``, see ``AttentionPlugin``) takes a fused route where
   one can run: SDPA with a float mask on CUDA (and on the CPU under ``fused``) where every plug-in
   has an ``additive`` or ``prob_scale`` form, else the explicit route. FlexAttention is
-  taken only where a layer's ``fused_kernel`` asks for it: on an H100 with torch 2.11 (2026-11-26,
-  docs/benchmarks.md, GPU smoke test) its compiled kernel for Deps-SAN's Wink mask asked for more
-  shared memory than the GPU has, and it cannot compile heads narrower than 16, so it is not a
+  taken only where a layer's ``fused_kernel`` asks for it: its compiled kernel for Deps-SAN's
+  Wink mask can ask for more shared memory than a GPU has (docs/benchmarks.md, GPU smoke test),
+  and it cannot compile heads narrower than 16, so it is not a
   default until a GPU run shows every method through it. Under ``auto`` such a layer stays
   explicit on the CPU: SDPA with a mask that needs gradients is no faster there at Multi30k's
   lengths (docs/benchmarks.md), and FlexAttention has no backward on the CPU, so the CPU keeps

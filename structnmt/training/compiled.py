@@ -6,16 +6,15 @@ keys and a checkpoint resumes in either mode. Three choices keep it exact and ch
 
 * ``fallback_random``: dropout inside the compiled graph draws from PyTorch's own generator
   in program order, the stream an eager run draws from, so a run's random-number states in its
-  checkpoints mean the same in both modes (and inductor's own CPU random kernels, measured here,
-  were slower than eager's);
+  checkpoints mean the same in both modes (and inductor's own CPU random kernels are slower
+  than eager's, docs/benchmarks.md);
 * ``dynamic=None``: the first batch shape is compiled as it is; at the second, the lengths and
   batch size become symbolic, so token-count batches of every shape reuse one graph instead of
   recompiling per shape (recompilations are counted and logged);
 * on CUDA, batch lengths padded to a multiple of 8 (``training.pad_to_multiple``, see
   :func:`length_multiple`): inductor's GPU kernels guard on ``length % 8``, and without the
   padding a Multi30k run compiled five graphs, one static and one per combination of aligned
-  and unaligned source and target lengths (H100, torch 2.11, 2026-11-26: 19 to 40 s each);
-  padded, two are expected;
+  and unaligned source and target lengths (docs/benchmarks.md); padded, two are expected;
 * where compiling fails (no C++ compiler for inductor's CPU kernels, an unsupported platform),
   the update runs eagerly and one line says why.
 
