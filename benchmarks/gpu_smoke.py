@@ -70,9 +70,9 @@ def train_case(case: str, precision: str, data: Path, vocab: int, device: Any, u
 
     torch.manual_seed(1)
     model = make_model(case, vocab, **size)
-    for module in model.modules():  # --fused-kernel: which fused kernel structural plug-ins ask for
-        if isinstance(module, MultiHeadAttention):
-            module.fused_kernel = fused_kernel
+    for module in model.modules():  # --fused-kernel: the route every layer prefers (model.attention_kernel)
+        if isinstance(module, MultiHeadAttention) and fused_kernel:
+            module.kernel = fused_kernel
     updater = _updater(model, precision, device, compiled=compiled)
     # lengths padded as the trainer pads them (8 for compiled training on CUDA: training.pad_to_multiple)
     train = batches(data, "train", model, max_tokens=2048,
@@ -193,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, default=common.RESULTS, help="folder of the report")
     p.add_argument("--no-compiled", action="store_true", help="leave out the compiled vanilla run")
     p.add_argument("--fused-kernel", choices=["flex", "sdpa"],
-                   help="ask structural plug-ins for this fused kernel (default: the toolkit's choice)")
+                   help="the route every layer prefers, as model.attention_kernel (default: auto)")
     args = p.parse_args(argv)
 
     import torch

@@ -292,11 +292,12 @@ class ModelConfig:
     positional: Literal["sinusoidal", "learned", "none"] = "sinusoidal"
     max_positions: int = 1024
     methods: list[MethodParams] = field(default_factory=list)  # structure-aware plug-ins, see model.methods
-    # how attention is computed (the same function either way; structnmt/model/attention.py):
-    # auto = a fused kernel (SDPA, with a float mask for structure-aware plug-ins that have that
-    # form), except on a CPU for bf16/fp16 and for structure-aware layers, where the explicit
-    # (B, H, I, J) path is as fast or faster; fused / explicit force one where it can run
-    attention_kernel: Literal["auto", "fused", "explicit"] = "auto"
+    # the route attention prefers (the same function on every route; structnmt/model/attention.py):
+    # auto = SDPA where the plug-ins' effects allow it, except on a CPU for bf16/fp16 and for
+    # layers that scale scores or weights, where the explicit (B, H, I, J) path is as fast or
+    # faster; explicit / sdpa / flex ask for one route, and a layer that cannot take it falls
+    # back along flex -> sdpa -> explicit. "fused" is the older name of "sdpa".
+    attention_kernel: Literal["auto", "explicit", "sdpa", "flex", "fused"] = "auto"
 
     def validate(self, where: str) -> None:
         _need(self.enc_layers >= 1, "must be at least 1", f"{where}.enc_layers")

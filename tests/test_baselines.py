@@ -20,7 +20,7 @@ from structnmt.errors import ConfigError, DataError
 from structnmt.model.losses import label_smoothed_nll
 from structnmt.model.methods import AttentionContext, Site, build_methods
 from structnmt.model.methods.localness import LocalnessPlugin
-from structnmt.model.methods.relative_position import RelativePositionPlugin
+from structnmt.model.methods.relative_position import RelativeKeysValuesPlugin
 from structnmt.model.search import greedy_search
 from structnmt.model.transformer import Transformer
 
@@ -113,7 +113,7 @@ def test_localness_bias_with_zero_weights_is_a_gaussian_around_the_middle():
     batch = make_batch()
     ctx = AttentionContext(Site("encoder", "self", 0), batch.struct, batch.src_pad, False, False)
     ctx.q, ctx.k = torch.randn(2, H, L, DH), torch.randn(2, H, L, DH)
-    g = plugin.bias(ctx)
+    g = plugin.term(ctx)
     j = torch.arange(L, dtype=torch.float)
     for b, n in enumerate(LENGTHS):  # sigma = D/2 = 1: G = -(j - n/2)^2 / 2
         torch.testing.assert_close(g[b, 0], (-(j - n / 2) ** 2 / 2).expand(L, L))
@@ -220,10 +220,10 @@ def test_context_aware_parameter_counts_and_layer_check():
 
 def test_relative_position_scores_and_output_equal_the_pairwise_formula():
     clip, heads = 2, [1, 3]
-    plugin = RelativePositionPlugin(heads, DH, clip, values=True)
+    plugin = RelativeKeysValuesPlugin(heads, DH, clip)
     b, i, j, offset = 2, 3, 7, 4  # three query rows at positions 4..6 of a 7-key sequence
     ctx = AttentionContext(Site("decoder", "self", 0), {}, None, True, False, q_offset=offset)
-    ctx.q = torch.randn(b, H, i, DH)
+    ctx.q, ctx.k = torch.randn(b, H, i, DH), torch.randn(b, H, j, DH)
     s = torch.randn(b, H, i, j)
     a = torch.softmax(torch.randn(b, H, i, j), -1)
     got_s, got_z = plugin.scores(s, ctx), plugin.extra_output(a, ctx)

@@ -1,23 +1,23 @@
-"""Structure inside fused kernels: every method's fused route computes its explicit route's function.
+"""Structure inside fused kernels: every route computes the same function from each plug-in's one effect.
 
 A layer runs its plug-ins explicitly (the (B, H, I, J) scores and weights), through SDPA with a
-float mask, or through FlexAttention (``structnmt/model/attention.py``). For every case of the
+float mask, or through FlexAttention (``structnmt/model/attention.py``), each route derived from
+the :class:`~structnmt.model.methods.base.Effect` a plug-in declares. For every case of the
 registry (``tests/registry_cases.py``, plus the variants below whose routes differ), the same
 model and batch run through the explicit route and the fused one, in float32 with dropout 0:
 
 * SDPA with a float mask: the logits and every parameter's gradient agree (rtol 1e-4), for every
-  method whose plug-ins have an SDPA form (``additive``, ``prob_scale``, ``bias``);
+  method whose effects SDPA takes (query/key changes, additive terms, probability scales ≤ 1);
 * FlexAttention: the logits agree, forward only: torch 2.13 has no FlexAttention backward on the
-  CPU ("FlexAttention does not support backward on CPU"), so the gradients of the score_mods are
+  CPU ("FlexAttention does not support backward on CPU"), so the gradients of score functions are
   checked where a GPU runs ``benchmarks/gpu_smoke.py``, not here;
 * cached decoding steps (queries at ``q_offset > 0``) agree on both routes;
 * methods that read or replace weights (DBSA, SISA, SyncAttn, relative positions on values) stay
   explicit, and so does a layer whose probabilities are recorded; under ``auto`` the CPU keeps the
-  explicit route for structural plug-ins (today's numerics).
+  explicit route for scalings and for bf16 (today's numerics).
 
-Checked by mutation: with the sign of LPSI's ``additive`` term flipped, with SASA's ``prob_scale``
-taken as 1 − M, with RPE's score_mod reading the bucket of ``q − k``, with Deps-SAN's factor
-table squared, the comparisons below fail (``test_a_wrong_additive_term_is_caught`` keeps the first).
+Checked by mutation: a route deriving LPSI's term with its sign flipped fails the comparison
+(``test_a_route_that_derives_a_term_wrongly_is_caught``).
 """
 
 from __future__ import annotations
@@ -30,9 +30,11 @@ import pytest
 import torch
 
 from structnmt.data.batch import BOS_ID
+from structnmt.method_config import Site
 from structnmt.model import attention as attention_module
-from structnmt.model.attention import MultiHeadAttention, flex_available, flex_form, sdpa_form, structural
+from structnmt.model.attention import MultiHeadAttention, flex_available, runs_on, scales
 from structnmt.model.losses import label_smoothed_nll
+from structnmt.model.methods.base import AttentionPlugin, Effect, check_declaration
 from structnmt.model.transformer import Transformer
 from tests.registry_cases import (
     all_cases,
@@ -90,10 +92,9 @@ def attention_modules(model) -> list[MultiHeadAttention]:
     return [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
 
 
-def set_route(model, kernel: str, fused_kernel: str | None = None) -> None:
+def set_route(model, kernel: str) -> None:
     for attn in attention_modules(model):
         attn.kernel = kernel
-        attn.fused_kernel = fused_kernel
 
 
 @pytest.fixture
@@ -135,10 +136,10 @@ def build(case: str, dataset: Path):
     return model, batches(dataset, "train", model, max_tokens=200)[0]
 
 
-def runs_on(case: str, dataset: Path, form) -> bool:
+def case_runs_on(case: str, dataset: Path, route: str) -> bool:
     model, _ = build(case, dataset)
     layers = plugin_layers(model)
-    return bool(layers) and all(form(p) for m in layers for p in m.plugins)
+    return bool(layers) and all(runs_on(p, route) for m in layers for p in m.plugins)
 
 
 def test_the_expected_routes_name_registered_methods():
@@ -156,18 +157,18 @@ def test_classification_matches_the_plugins(dataset, case):
     if CASES[case][0]["name"] not in EXPECTED:
         return  # a method without a pinned route: checked by the equivalence tests alone
     kind = EXPECTED[CASES[case][0]["name"]]
-    assert all(sdpa_form(p) for p in plugins) == (kind in ("both", "sdpa")), case
-    assert all(flex_form(p) for p in plugins) == (kind in ("both", "flex")), case
+    assert all(runs_on(p, "sdpa") for p in plugins) == (kind in ("both", "sdpa")), case
+    assert all(runs_on(p, "flex") for p in plugins) == (kind in ("both", "flex")), case
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_sdpa_route_gives_the_explicit_outputs_and_gradients(dataset, case, routes):
-    if not runs_on(case, dataset, sdpa_form):
+    if not case_runs_on(case, dataset, "sdpa"):
         pytest.skip("no SDPA form: stays explicit (test_non_additive_methods_stay_explicit)")
     model, batch = build(case, dataset)
     set_route(model, "explicit")
     logits, grads = run(model, batch)
-    set_route(model, "fused", "sdpa")
+    set_route(model, "sdpa")
     routes.clear()
     fused_logits, fused_grads = run(model, batch)
     assert all(routes[id(m)] == {"sdpa"} for m in plugin_layers(model))
@@ -183,13 +184,13 @@ def test_sdpa_route_gives_the_explicit_outputs_and_gradients(dataset, case, rout
 @pytest.mark.skipif(not flex_available(), reason="this torch has no torch.nn.attention.flex_attention")
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_flex_route_gives_the_explicit_outputs(dataset, case, routes):
-    if not runs_on(case, dataset, flex_form):
+    if not case_runs_on(case, dataset, "flex"):
         pytest.skip("no FlexAttention form (a scaling of the weights, or explicit)")
     model, batch = build(case, dataset)
     set_route(model, "explicit")
     with torch.no_grad():  # FlexAttention's CPU kernel has no backward in torch 2.13
         logits = model(batch).logits
-        set_route(model, "fused", "flex")
+        set_route(model, "flex")
         routes.clear()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*without torch.compile.*")
@@ -202,7 +203,7 @@ def test_flex_on_the_cpu_refuses_gradients_so_the_route_avoids_it(dataset, route
     """What the installed torch supports: FlexAttention forward on the CPU, no backward; with
     gradients a forced flex layer falls back to SDPA where it can, explicit where it cannot."""
     model, batch = build("pascal_and_wink", dataset)
-    set_route(model, "fused", "flex")
+    set_route(model, "flex")
     routes.clear()
     run(model, batch)
     assert {r for m in plugin_layers(model) for r in routes[id(m)]} == {"explicit"}  # PASCAL: no SDPA form
@@ -223,7 +224,7 @@ def test_cached_decoding_steps_agree(dataset, case, fused_kernel):
     source = batches(dataset, "test", model, inference=True)[0]
     steps = {}
     for route in ("explicit", fused_kernel):
-        set_route(model, "explicit" if route == "explicit" else "fused", None if route == "explicit" else route)
+        set_route(model, route)
         with torch.no_grad(), warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*without torch.compile.*")
             enc = model.encode(source.src, {"src": source.struct["src"], "tgt": {}})
@@ -243,61 +244,124 @@ def test_non_additive_methods_stay_explicit(dataset, case, routes):
     """Methods that read or replace the weights stay explicit on every route; a scaling of the scores
     (PASCAL, Deps-SAN) has no SDPA form, so it stays explicit wherever FlexAttention cannot run."""
     model, batch = build(case, dataset)
-    set_route(model, "fused", "sdpa")
+    set_route(model, "sdpa")
     routes.clear()
     run(model, batch)
     assert all(routes[id(m)] == {"explicit"} for m in plugin_layers(model))
     if case in ("pascal", "deps_san_rs"):
-        assert all(flex_form(p) for m in plugin_layers(model) for p in m.plugins)
+        assert all(runs_on(p, "flex") for m in plugin_layers(model) for p in m.plugins)
     else:
-        assert not any(flex_form(p) or sdpa_form(p) for m in plugin_layers(model) for p in m.plugins)
+        assert not any(runs_on(p, "flex") or runs_on(p, "sdpa") for m in plugin_layers(model) for p in m.plugins)
 
 
 def test_recorded_probabilities_and_auto_on_the_cpu_keep_the_explicit_route(dataset, routes):
     model, batch = build("lpsi_and_window", dataset)
     first = plugin_layers(model)[0]
-    set_route(model, "fused")
+    set_route(model, "sdpa")
     routes.clear()
     with torch.no_grad():
         model(batch, record={("encoder", 0, "self", "probs")})
     assert routes[id(first)] == {"explicit"}  # a record of the weights needs them
-    routes.clear()
     set_route(model, "auto")
+    routes.clear()
     with torch.no_grad():
         model(batch)
-    assert routes[id(first)] == {"explicit"}  # auto on the CPU: today's route for structural plug-ins
-    window_only = plugin_layers(build("local_window", dataset)[0])
-    assert window_only and not any(structural(p) for m in window_only for p in m.plugins)  # bias-only: SDPA as before
+        assert routes[id(first)] == {"sdpa"}  # auto on the CPU in fp32: additive terms go fused
+        routes.clear()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            model(batch)
+        assert routes[id(first)] == {"explicit"}  # bf16 on the CPU: explicit is faster
+    scaled, batch = build("sasa_binary", dataset)
+    set_route(scaled, "auto")
+    routes.clear()
+    with torch.no_grad():
+        scaled(batch)
+    layers = plugin_layers(scaled)
+    assert all(scales(p) for m in layers for p in m.plugins)
+    assert all(routes[id(m)] == {"explicit"} for m in layers)  # a scaling on the CPU: today's numerics
 
 
-def test_a_wrong_additive_term_is_caught(dataset, monkeypatch):
-    """The comparison above would fail for a plug-in whose fused form is wrong (here: LPSI's gate
-    with its sign dropped)."""
+def test_a_route_that_derives_a_term_wrongly_is_caught(dataset, monkeypatch):
+    """The comparison above would fail if a route derived a plug-in's effect wrongly (here: SDPA
+    taking LPSI's term with its sign flipped)."""
     from structnmt.model.methods.lpsi import SyntacticGatePlugin
 
     model, batch = build("lpsi_two_heads", dataset)
     set_route(model, "explicit")
-    logits, grads = run(model, batch)
-    right = SyntacticGatePlugin.additive
-    monkeypatch.setattr(SyntacticGatePlugin, "additive", lambda self, ctx: -right(self, ctx))
-    set_route(model, "fused", "sdpa")
+    logits, _ = run(model, batch)
+    right, sdpa = SyntacticGatePlugin.term, MultiHeadAttention._sdpa
+
+    def wrong_sdpa(self, *args):
+        with monkeypatch.context() as patch:
+            patch.setattr(SyntacticGatePlugin, "term", lambda plugin, ctx: -right(plugin, ctx))
+            return sdpa(self, *args)
+
+    monkeypatch.setattr(MultiHeadAttention, "_sdpa", wrong_sdpa)
+    set_route(model, "sdpa")
     wrong_logits, _ = run(model, batch)
     assert not torch.allclose(wrong_logits, logits, rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("d_model,fused_kernel,expected", [
-    (64, None, "sdpa"),  # the default on CUDA: SDPA with the float mask, never FlexAttention
+def test_every_registered_plugin_declares_one_effect_and_writes_only_its_hooks(dataset):
+    for case in sorted(CASES):
+        model, _ = build(case, dataset)  # building attaches the plug-ins, which checks each declaration
+        for layer in plugin_layers(model):
+            for plugin in layer.plugins:
+                assert isinstance(plugin.effect, Effect), (case, type(plugin).__name__)
+
+
+def test_a_plugin_writing_two_effects_or_none_is_refused():
+    class TwoEffects(AttentionPlugin):
+        effect = Effect.ADDITIVE
+
+        def term(self, ctx):
+            return torch.zeros(())
+
+        def probs(self, a, ctx):
+            return a
+
+    class Silent(AttentionPlugin):
+        effect = Effect.SCORE_FN
+
+    with pytest.raises(TypeError, match=r"TwoEffects declares ADDITIVE but writes \['probs'\]"):
+        check_declaration(TwoEffects([0]))
+    with pytest.raises(TypeError, match="Silent declares SCORE_FN but writes none"):
+        check_declaration(Silent([0]))
+    layer = MultiHeadAttention(8, 2, 0.0, Site("encoder", "self", 0))
+    with pytest.raises(TypeError):
+        layer.add_plugin(TwoEffects([0]))
+    assert len(layer.plugins) == 0
+
+
+@pytest.mark.parametrize("effect,routes_allowed", [
+    (Effect.QUERY_KEY, {"explicit", "sdpa", "flex"}),
+    (Effect.ADDITIVE, {"explicit", "sdpa", "flex"}),
+    (Effect.SCORE_FN, {"explicit", "flex"}),
+    (Effect.PROB_SCALE, {"explicit", "sdpa"}),
+    (Effect.EXPLICIT, {"explicit"}),
+])
+def test_the_routes_follow_from_the_declared_effect(effect, routes_allowed):
+    plugin = SimpleNamespace(effect=effect, scale_at_most_one=True)
+    assert {r for r in ("explicit", "sdpa", "flex") if runs_on(plugin, r)} == routes_allowed
+    if effect is Effect.PROB_SCALE:  # a scale above 1 has no SDPA form (log(1 - M) is undefined)
+        plugin.scale_at_most_one = False
+        assert not runs_on(plugin, "sdpa")
+
+
+@pytest.mark.parametrize("d_model,kernel,expected", [
+    (64, "auto", "sdpa"),  # the default on CUDA: SDPA with the float mask, never FlexAttention
     (64, "flex", "flex"),  # asked for, with heads of 16
     (32, "flex", "sdpa"),  # heads of 8: compiled FlexAttention cannot run them (H100, torch 2.11)
+    (64, "explicit", "explicit"),
 ])
-def test_the_route_on_cuda_takes_flex_only_when_asked_and_heads_allow(d_model, fused_kernel, expected, monkeypatch):
+def test_the_route_on_cuda_takes_flex_only_when_asked_and_heads_allow(d_model, kernel, expected, monkeypatch):
     """The route reads only the device type, dtype and gradients of its inputs: a CUDA tensor's
     stand-in checks the GPU's choice on a machine without one."""
     monkeypatch.setattr(attention_module, "flex_available", lambda: True)
     model = Transformer(model_config("vanilla", d_model=d_model, n_heads=4, dropout=0.0, attention_dropout=0.0,
                                      methods=[{"name": "local_window", "layers": [1]}]), 20, 20)
     layer = plugin_layers(model)[0]
-    layer.fused_kernel = fused_kernel
+    layer.kernel = kernel
     q = SimpleNamespace(device=torch.device("cuda"), dtype=torch.bfloat16, requires_grad=True)
     ctx = SimpleNamespace(wants=lambda what: False)
     assert layer.route(q, q, q, ctx) == expected

@@ -18,6 +18,7 @@ from structnmt.errors import ConfigError
 from structnmt.evaluation.inspect import cross_attention_alignments, dbsa_trees, lpsi_trees
 from structnmt.evaluation.trees import is_tree
 from structnmt.model.methods import build_methods
+from structnmt.model.methods.base import Effect
 from structnmt.model.methods.local_window import window_mask
 from structnmt.model.methods.lpsi import synch_loss, syntactic_gate_log
 from structnmt.model.methods.syncattn import sync_loss
@@ -288,7 +289,7 @@ def test_window_mask_is_exactly_outside_the_window():
 
 def test_local_window_keeps_fused_kernel_and_masks_probs():
     model = make_model([{"name": "local_window", "layers": [1], "heads": [1], "window": 1}])
-    assert not model.encoder[0].self_attn.plugins[0].explicit
+    assert model.encoder[0].self_attn.plugins[0].effect is Effect.ADDITIVE
     batch = make_batch()
     key = ("encoder", 0, "self", "probs")
     a = model(batch, record={key}).records[key]

@@ -21,8 +21,9 @@ import torch
 from structnmt.config import ModelConfig
 from structnmt.data.batch import BOS_ID, EOS_ID, PAD_ID, Batch
 from structnmt.errors import ConfigError
-from structnmt.model.attention import MultiHeadAttention
+from structnmt.model.attention import MultiHeadAttention, on_probs, on_scores
 from structnmt.model.methods import AttentionContext, Site, build_methods
+from structnmt.model.methods.base import Effect
 from structnmt.model.methods.deps_san import DependencyScalePlugin, WinkMaskPlugin
 from structnmt.model.methods.pascal import PascalPlugin
 from structnmt.model.methods.sacra import SacraPlugin
@@ -186,6 +187,7 @@ def rows(batch: Batch) -> torch.Tensor:
 def context(batch: Batch, training: bool = False) -> AttentionContext:
     ctx = AttentionContext(Site("encoder", "self", 0), batch.struct, batch.src_pad, False, training)
     ctx.q = torch.zeros(batch.size, H, L, 8)
+    ctx.k = torch.zeros(batch.size, H, L, 8)
     return ctx
 
 
@@ -196,7 +198,7 @@ def context(batch: Batch, training: bool = False) -> AttentionContext:
 def test_pascal_weights_peak_at_the_parent_middle_with_equal_raw_scores():
     batch = make_batch()
     s = torch.full((2, H, L, L), 3.0)  # equal raw scores: only the Gaussian decides
-    out = PascalPlugin([0, 1], variance=1.0, parent_ignoring=0.0).scores(s, context(batch))
+    out = on_scores(PascalPlugin([0, 1], variance=1.0, parent_ignoring=0.0), s, context(batch))
     pm = batch.struct["src"]["parent_mid"]
     expected = 3.0 * gauss(torch.arange(L)[None, None, :] - pm[:, :, None], 1.0)
     ok = batch.struct["src"]["valid"][:, :, None].expand(-1, -1, L)  # rows of real sub-words, every key
@@ -227,10 +229,10 @@ def test_parent_ignoring_leaves_whole_rows_unscaled_in_training_only():
     batch = make_batch()
     s = torch.randn(2, H, L, L)
     always = PascalPlugin([0, 1, 2, 3], 1.0, parent_ignoring=1.0)
-    torch.testing.assert_close(always.scores(s, context(batch, training=True)), s)  # q = 1: nothing scaled
-    assert not torch.equal(always.scores(s, context(batch, training=False)), s)  # off at translation time
+    torch.testing.assert_close(on_scores(always, s, context(batch, training=True)), s)  # q = 1: nothing scaled
+    assert not torch.equal(on_scores(always, s, context(batch, training=False)), s)  # off at translation time
     torch.manual_seed(5)
-    half = PascalPlugin([0, 1, 2, 3], 1.0, parent_ignoring=0.5).scores(s, context(batch, training=True))
+    half = on_scores(PascalPlugin([0, 1, 2, 3], 1.0, parent_ignoring=0.5), s, context(batch, training=True))
     unchanged = (half == s)[0, :, :7, :7].all(-1)  # rows of real tokens of sentence A
     changed = (half != s)[0, :, :7, :7].all(-1)
     assert bool((unchanged | changed).all())  # each row is all or nothing
@@ -257,18 +259,18 @@ def test_rs_sparsing_with_q_one_sets_every_distance_to_k():
     batch = make_batch()
     s = torch.randn(2, H, L, L)
     plugin = DependencyScalePlugin([0, 1, 2, 3], variance=1.0, rs_q=1.0, rs_k=6.0)
-    out = plugin.scores(s, context(batch, training=True))
+    out = on_scores(plugin, s, context(batch, training=True))
     dist = batch.struct["src"]["dist"][:, None]
     expected = torch.where(rows(batch), s * gauss(torch.where(pairs(batch), torch.tensor(6.0), dist), 1.0), s)
     torch.testing.assert_close(out, expected)
-    exact = plugin.scores(s, context(batch, training=False))  # translation: the true distances
+    exact = on_scores(plugin, s, context(batch, training=False))  # translation: the true distances
     true_w = gauss(batch.struct["src"]["dist"], 1.0)[:, None]
     torch.testing.assert_close(exact, torch.where(rows(batch), s * true_w, s))
 
 
 def test_wink_sparsing_masks_exactly_the_keys_farther_than_k():
     batch = make_batch()
-    bias = WinkMaskPlugin([0, 2], k=2.0).bias(context(batch))
+    bias = WinkMaskPlugin([0, 2], k=2.0).term(context(batch))
     far = (batch.struct["src"]["dist"] > 2)[:, None] & pairs(batch)
     assert int(far.sum()) > 0
     for h in (0, 2):
@@ -279,7 +281,7 @@ def test_wink_sparsing_masks_exactly_the_keys_farther_than_k():
 def test_wink_alone_keeps_the_fused_kernel_and_gives_the_same_result_as_the_explicit_path():
     entry = {"name": "deps_san", "layers": [1], "heads": [0], "scaling": False, "wink_sparsing": True, "wink_k": 2}
     _, model = twin_models([entry])
-    assert not any(p.explicit for p in model.encoder[0].self_attn.plugins)
+    assert all(p.effect is Effect.ADDITIVE for p in model.encoder[0].self_attn.plugins)
     batch = make_batch()
     fused = model(batch).logits
     a = probs(model, batch, 0)  # recording forces the explicit path
@@ -320,10 +322,11 @@ def test_udiscal_row_sums_on_a_real_sentence():
     valid = torch.tensor([[True] * n + [False]])
     struct = {"src": {"valid": valid, "dist": dist}, "tgt": {}}
     ctx = AttentionContext(Site("encoder", "self", 0), struct, torch.zeros(1, n + 1, dtype=torch.bool), False, False)
+    ctx.q = torch.zeros(1, 1, n + 1, 8)
     plugin = UdiscalPlugin([0], 1.0)
 
     def row_sums(a: torch.Tensor) -> torch.Tensor:
-        return plugin.probs(a[None, None], ctx)[0, 0, :n].sum(-1)  # rows of the real words
+        return on_probs(plugin, a[None, None], ctx)[0, 0, :n].sum(-1)  # rows of the real words
 
     uniform = row_sums(torch.full((n + 1, n + 1), 1.0 / (n + 1)))
     neighbourhood = row_sums(torch.softmax(-dist[0], -1))  # weight falling with tree distance
@@ -340,7 +343,7 @@ def test_udiscal_row_sums_on_a_real_sentence():
     assert 0.05 < float(uniform.mean()) < 0.2
     # the EOS key is scaled by N(0), like the token's own word
     a = torch.softmax(-dist[0], -1)
-    assert plugin.probs(a[None, None], ctx)[0, 0, 0, n] == pytest.approx(float(a[0, n]) * n0)
+    assert on_probs(plugin, a[None, None], ctx)[0, 0, 0, n] == pytest.approx(float(a[0, n]) * n0)
 
 
 @pytest.mark.parametrize("mask", ["binary", "scaled", "normal"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -72,18 +74,24 @@ def test_fused_and_explicit_attention_agree():
 
 def test_attention_kernel_choice_changes_the_path_not_the_function():
     torch.manual_seed(0)
-    fused = tiny(attention_kernel="fused").eval()
+    fused = tiny(attention_kernel="sdpa").eval()
     torch.manual_seed(0)
     explicit = tiny(attention_kernel="explicit").eval()
     batch = toy_batch()
     torch.testing.assert_close(explicit(batch).logits, fused(batch).logits, atol=1e-5, rtol=1e-5)
     attn = tiny().encoder[0].self_attn  # auto
     q32 = torch.zeros(1, 4, 2, 8)
-    assert not attn.prefers_explicit(q32)  # fp32: fused kernel
-    assert attn.prefers_explicit(q32.bfloat16())  # bf16 on a CPU: explicit is faster
-    assert attn.prefers_explicit(q32.half())
-    assert explicit.encoder[0].self_attn.prefers_explicit(q32)
-    assert not fused.encoder[0].self_attn.prefers_explicit(q32.bfloat16())
+    ctx = SimpleNamespace(wants=lambda what: False)
+
+    def route(layer, q):
+        return layer.route(q, q, q, ctx)
+
+    assert route(attn, q32) == "sdpa"  # fp32: fused kernel
+    assert route(attn, q32.bfloat16()) == "explicit"  # bf16 on a CPU: explicit is faster
+    assert route(attn, q32.half()) == "explicit"
+    assert route(explicit.encoder[0].self_attn, q32) == "explicit"
+    assert route(fused.encoder[0].self_attn, q32.bfloat16()) == "sdpa"
+    assert tiny(attention_kernel="fused").encoder[0].self_attn.kernel == "sdpa"  # the older name
 
 
 def test_cached_decoding_equals_full_decoding():

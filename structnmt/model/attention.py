@@ -1,27 +1,37 @@
 """Multi-head attention that runs structure-aware plug-ins.
 
 A layer computes its attention by one of three routes, which give the same function (tests
-check it): PyTorch's ``scaled_dot_product_attention`` with the plug-ins' additive terms in a
-float mask (``"sdpa"``), FlexAttention with the plug-ins' ``score_mod`` callables (``"flex"``),
-or step by step with the explicit (B, H, I, J) score and weight matrices (``"explicit"``).
+check it): PyTorch's ``scaled_dot_product_attention`` with the plug-ins' terms in a float mask
+(``"sdpa"``), FlexAttention with their score functions (``"flex"``), or step by step with the
+explicit (B, H, I, J) score and weight matrices (``"explicit"``). Each plug-in declares one
+:class:`~structnmt.model.methods.base.Effect`; which routes a layer can take follows from its
+plug-ins' effects, decided once when the plug-ins are attached:
 
-* Explicit whenever someone records the layer's ``"probs"`` (a loss, an analysis), a plug-in
-  declares ``explicit = True`` (it reads or replaces scores or weights: DBSA's heads, relative
-  positions on values), or ``model.attention_kernel`` asks for it. Under ``auto`` that is bf16/fp16
-  on a CPU, where PyTorch's CPU kernel is slower than three plain ops at NMT shapes (in fp32
-  and on CUDA the fused kernel is the faster one; figures in docs/benchmarks.md).
-* A layer whose plug-ins only change queries/keys or add a ``bias`` takes SDPA, as before.
-* A layer with *structural* plug-ins (a ``scores`` or ``probs`` hook that has a fused form:
-  ``additive``, ``score_mod``, ``prob_scale``, see ``AttentionPlugin``) takes a fused route where
-  one can run: SDPA with a float mask on CUDA (and on the CPU under ``fused``) where every plug-in
-  has an ``additive`` or ``prob_scale`` form, else the explicit route. FlexAttention is
-  taken only where a layer's ``fused_kernel`` asks for it: its compiled kernel for Deps-SAN's
-  Wink mask can ask for more shared memory than a GPU has (docs/benchmarks.md, GPU smoke test),
-  and it cannot compile heads narrower than 16, so it is not a
-  default until a GPU run shows every method through it. Under ``auto`` such a layer stays
-  explicit on the CPU: SDPA with a mask that needs gradients is no faster there at Multi30k's
-  lengths (docs/benchmarks.md), and FlexAttention has no backward on the CPU, so the CPU keeps
-  today's numerics; ``fused`` takes the fused route on the CPU too.
+==============  ========  =====  ====
+effect          explicit  sdpa   flex
+==============  ========  =====  ====
+QUERY_KEY       yes       yes    yes
+ADDITIVE        yes       yes    yes (the term gathered cell by cell)
+SCORE_FN        yes       no     yes
+PROB_SCALE      yes       yes    no  (SDPA only while ``0 <= M <= 1``)
+EXPLICIT        yes       no     no
+==============  ========  =====  ====
+
+``model.attention_kernel`` says which route a layer prefers; a layer that cannot take it falls
+back along ``flex -> sdpa -> explicit``:
+
+* ``explicit``: always the explicit route.
+* ``sdpa``: SDPA wherever the layer's effects allow it.
+* ``flex``: FlexAttention where it can run (not in training with attention dropout, which it
+  lacks; heads of at least 16 dimensions on CUDA; forward only on the CPU), else as ``sdpa``.
+* ``auto``: as ``sdpa``, except on a CPU, which takes the explicit route for bf16/fp16 (PyTorch's
+  CPU kernel is slower there than three plain ops at NMT shapes) and for layers that scale scores
+  or weights (no faster fused there at Multi30k's lengths: docs/benchmarks.md), so that CPU
+  training keeps its numerics. FlexAttention is never the default: its compiled kernel for a
+  Wink mask can ask for more shared memory than a GPU has (docs/benchmarks.md, GPU smoke test).
+
+Whatever the preference, a layer whose ``"probs"`` someone records (a loss, an analysis) runs
+explicitly for that call.
 """
 
 from __future__ import annotations
@@ -34,7 +44,15 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from structnmt.model.methods.base import AttentionContext, AttentionPlugin, RecordKey, ScoreMod, Site
+from structnmt.model.methods.base import (
+    AttentionContext,
+    AttentionPlugin,
+    Effect,
+    RecordKey,
+    ScoreMod,
+    Site,
+    check_declaration,
+)
 
 try:  # FlexAttention: torch >= 2.5
     from torch.nn.attention.flex_attention import flex_attention as _flex_attention
@@ -45,6 +63,7 @@ except ImportError:  # pragma: no cover - older torch
 _compiled_flex: Callable[..., Tensor] | None = None
 
 ROUTES = ("explicit", "sdpa", "flex")
+KERNELS = ("auto", "explicit", "sdpa", "flex")
 #: compiled FlexAttention refuses narrower heads ("NYI: embedding dimension ... at least 16", torch 2.11)
 FLEX_MIN_HEAD_DIM = 16
 
@@ -54,29 +73,48 @@ def flex_available() -> bool:
     return _flex_attention is not None
 
 
-def _overrides(plugin: AttentionPlugin, hook: str) -> bool:
-    return getattr(type(plugin), hook) is not getattr(AttentionPlugin, hook)
+def runs_on(plugin: AttentionPlugin, route: str) -> bool:
+    """Whether ``route`` can compute ``plugin``'s effect (the table in the module docstring)."""
+    effect = plugin.effect
+    if route == "explicit" or effect is Effect.QUERY_KEY or effect is Effect.ADDITIVE:
+        return True
+    if route == "sdpa":
+        return effect is Effect.PROB_SCALE and plugin.scale_at_most_one
+    return effect is Effect.SCORE_FN
 
 
-def structural(plugin: AttentionPlugin) -> bool:
-    """True if the plug-in changes scores or weights by a hook that needs a fused form."""
-    return _overrides(plugin, "scores") or _overrides(plugin, "probs")
+def scales(plugin: AttentionPlugin) -> bool:
+    """A plug-in that scales scores or weights, or reads the matrices: explicit on the CPU under auto."""
+    return plugin.effect in (Effect.SCORE_FN, Effect.PROB_SCALE, Effect.EXPLICIT)
 
 
-def sdpa_form(plugin: AttentionPlugin) -> bool:
-    """True if SDPA with a float mask can run the plug-in (its hooks' additive / prob_scale forms)."""
-    if plugin.explicit:
-        return False
-    if _overrides(plugin, "scores") and not _overrides(plugin, "additive"):
-        return False
-    return not _overrides(plugin, "probs") or _overrides(plugin, "prob_scale")
+def on_scores(plugin: AttentionPlugin, s: Tensor, ctx: AttentionContext) -> Tensor:
+    """The scores ``s`` (B, H, I, J) after ``plugin``'s effect, as the explicit route applies it."""
+    if plugin.effect is Effect.ADDITIVE:
+        return s + plugin.term(ctx)
+    if plugin.effect is Effect.SCORE_FN:
+        return on_grid(plugin.score_fn(ctx), s)
+    if plugin.effect is Effect.EXPLICIT:
+        return plugin.scores(s, ctx)
+    return s
 
 
-def flex_form(plugin: AttentionPlugin) -> bool:
-    """True if FlexAttention can run the plug-in (a score_mod, or an additive term it gathers)."""
-    if plugin.explicit or _overrides(plugin, "probs"):
-        return False
-    return not _overrides(plugin, "scores") or _overrides(plugin, "score_mod") or _overrides(plugin, "additive")
+def on_probs(plugin: AttentionPlugin, a: Tensor, ctx: AttentionContext) -> Tensor:
+    """The weights ``a`` (B, H, I, J) after ``plugin``'s effect, as the explicit route applies it."""
+    if plugin.effect is Effect.PROB_SCALE:
+        return a * plugin.scale(ctx)
+    if plugin.effect is Effect.EXPLICIT:
+        return plugin.probs(a, ctx)
+    return a
+
+
+def on_grid(fn: ScoreMod, s: Tensor) -> Tensor:
+    """A score function evaluated on every cell of ``s`` (B, H, I, J) at once: its 0-d indices
+    become broadcast index grids, so one function serves FlexAttention and the explicit route."""
+    b, h, i, j = s.shape
+    dev = s.device
+    return fn(s, torch.arange(b, device=dev).view(b, 1, 1, 1), torch.arange(h, device=dev).view(1, h, 1, 1),
+              torch.arange(i, device=dev).view(1, 1, i, 1), torch.arange(j, device=dev).view(1, 1, 1, j))
 
 
 def _cell(t: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
@@ -123,7 +161,10 @@ def _flex_kernel(device: torch.device) -> Callable[..., Tensor]:
 class MultiHeadAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, dropout: float, site: Site, kernel: str = "auto") -> None:
         super().__init__()
-        self.kernel = kernel
+        if kernel not in KERNELS and kernel != "fused":
+            raise ValueError(f"attention kernel must be one of {KERNELS}, got {kernel!r}")
+        #: the route this layer prefers (``model.attention_kernel``; "fused" is the older name of "sdpa")
+        self.kernel = "sdpa" if kernel == "fused" else kernel
         self.d_model = d_model
         self.n_heads = n_heads
         self.d_head = d_model // n_heads
@@ -137,18 +178,20 @@ class MultiHeadAttention(nn.Module):
             self.kv_proj = nn.Linear(d_model, 2 * d_model)
         self.out_proj = nn.Linear(d_model, d_model)
         self.plugins = nn.ModuleList()
-        self._structural, self._all_flex, self._all_sdpa = False, True, True  # see add_plugin
-        #: the fused kernel for structural plug-ins: None takes SDPA; "flex" asks for FlexAttention
-        #: where it can run (tests, benchmarks), "sdpa" forces SDPA
-        self.fused_kernel: str | None = None
+        self._qk: list[AttentionPlugin] = []  # the QUERY_KEY plug-ins, in order
+        #: the routes the plug-ins' effects allow, and whether one scales (see add_plugin)
+        self.allowed = set(ROUTES)
+        self._scales = False
 
     def add_plugin(self, plugin: AttentionPlugin) -> None:
+        """Attach a plug-in; which routes the layer can take follows from its effect, here, once
+        (not in every call: the decoder step picks a route per layer and token)."""
+        check_declaration(plugin)
         self.plugins.append(plugin)
-        # which fused forms the layer's plug-ins offer depends on their classes alone: decided
-        # here once, not in every call (the decoder step runs ``route`` per layer and token)
-        self._structural = self._structural or structural(plugin)
-        self._all_flex = self._all_flex and flex_form(plugin)
-        self._all_sdpa = self._all_sdpa and sdpa_form(plugin)
+        if plugin.effect is Effect.QUERY_KEY:
+            self._qk.append(plugin)
+        self.allowed = {route for route in self.allowed if runs_on(plugin, route)}
+        self._scales = self._scales or scales(plugin)
 
     # -- projections ------------------------------------------------------------
     def _split(self, x: Tensor) -> Tensor:
@@ -194,7 +237,7 @@ class MultiHeadAttention(nn.Module):
         if self.is_self:
             q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
             q, k, v = self._split(q), self._split(k), self._split(v)
-            for plugin in self.plugins:
+            for plugin in self._qk:
                 k = plugin.keys(k, ctx)
             if cache is not None:
                 if "k" in cache:
@@ -210,7 +253,7 @@ class MultiHeadAttention(nn.Module):
             else:
                 k, v = self.kv_proj(memory).chunk(2, dim=-1)
                 k, v = self._split(k), self._split(v)
-                for plugin in self.plugins:
+                for plugin in self._qk:
                     k = plugin.keys(k, ctx)
                 if cache is not None:
                     cache["k"], cache["v"] = k, v
@@ -225,33 +268,17 @@ class MultiHeadAttention(nn.Module):
             q = q.view(n, beams, heads, length, d_head).transpose(1, 2).reshape(n, heads, beams * length, d_head)
         ctx.q_offset = q_offset
         ctx.causal = causal
-        for plugin in self.plugins:
+        for plugin in self._qk:
             q = plugin.queries(q, ctx)
         ctx.q, ctx.k, ctx.v = q, k, v
 
         route = self.route(q, k, v, ctx)
         if route == "flex":
             out = self._flex(q, k, v, key_padding, causal, ctx)
+        elif route == "sdpa":
+            out = self._sdpa(q, k, v, key_padding, causal, ctx)
         else:
-            bias = None
-            for plugin in self.plugins:
-                extra = plugin.bias(ctx)
-                if extra is not None:
-                    bias = extra if bias is None else bias + extra
-            if route == "explicit":
-                out = self._explicit(q, k, v, key_padding, causal, bias, ctx)
-            else:
-                scale = None
-                for plugin in self.plugins:  # the fused forms of the scores and probs hooks
-                    if _overrides(plugin, "scores"):
-                        extra = plugin.additive(ctx)
-                        if extra is not None:
-                            bias = extra if bias is None else bias + extra
-                    if _overrides(plugin, "probs"):
-                        factor = plugin.prob_scale(ctx)
-                        if factor is not None:
-                            scale = factor if scale is None else scale * factor
-                out = self._fused(q, k, v, key_padding, causal, bias, scale)
+            out = self._explicit(q, k, v, key_padding, causal, ctx)
         b, _, length, _ = out.shape
         out = out.transpose(1, 2).reshape(b * beams, length // beams, self.d_model)
         return self.out_proj(out)
@@ -259,32 +286,25 @@ class MultiHeadAttention(nn.Module):
     # -- the routes ---------------------------------------------------------------------
     def route(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> str:
         """Which route this call takes: ``"explicit"``, ``"sdpa"`` or ``"flex"`` (module docstring)."""
-        if ctx.wants("probs") or self.prefers_explicit(q) or any(p.explicit for p in self.plugins):
+        if self.kernel == "explicit" or ctx.wants("probs"):
             return "explicit"
-        device = q.device.type
-        if self.fused_kernel == "flex" and self._flex_runs(q, k, v, device):
+        if self.kernel == "flex" and "flex" in self.allowed and self._flex_runs(q, k, v):
             return "flex"
-        if not self._structural:
-            return "sdpa"  # queries/keys hooks and biases: the fused kernel as it always was
-        if self.kernel == "auto" and device == "cpu" and self.fused_kernel is None:
-            return "explicit"  # no faster on the CPU at NMT lengths: today's numerics stay
-        return "sdpa" if self._all_sdpa else "explicit"
+        if self.kernel == "auto" and q.device.type == "cpu" and (
+                self._scales or q.dtype in (torch.bfloat16, torch.float16)):
+            return "explicit"
+        return "sdpa" if "sdpa" in self.allowed else "explicit"
 
-    def _flex_runs(self, q: Tensor, k: Tensor, v: Tensor, device: str) -> bool:
+    def _flex_runs(self, q: Tensor, k: Tensor, v: Tensor) -> bool:
         """Whether FlexAttention, asked for, can run this call (asked only then: the gradient scan
         below would otherwise cost every call, the decoder's steps included)."""
-        if not (flex_available() and self._all_flex) or (self.training and self.dropout > 0.0):
+        if not flex_available() or (self.training and self.dropout > 0.0):
             return False  # FlexAttention has no dropout
-        if device == "cuda":
+        if q.device.type == "cuda":
             return self.d_head >= FLEX_MIN_HEAD_DIM  # the compiled kernel's limit
         grad = torch.is_grad_enabled() and (any(t.requires_grad for t in (q, k, v))
                                             or any(p.requires_grad for p in self.plugins.parameters()))
-        return device == "cpu" and not grad  # no backward on the CPU
-
-    def prefers_explicit(self, q: Tensor) -> bool:
-        if self.kernel == "auto":
-            return q.device.type == "cpu" and q.dtype in (torch.bfloat16, torch.float16)
-        return self.kernel == "explicit"
+        return q.device.type == "cpu" and not grad  # no backward on the CPU
 
     def _allowed(self, key_padding: Tensor | None, causal: bool, i: int, j: int, device) -> Tensor | None:
         """Boolean mask (B|1, 1, I, J), True where a query may look at a key."""
@@ -296,12 +316,20 @@ class MultiHeadAttention(nn.Module):
             mask = tri[None, None] if mask is None else mask & tri
         return mask
 
-    def _fused(self, q: Tensor, k: Tensor, v: Tensor, key_padding: Tensor | None, causal: bool,
-               bias: Tensor | None, scale: Tensor | None = None) -> Tensor:
-        """SDPA; ``bias`` goes into the float mask. ``scale`` (M, 0 ≤ M ≤ 1) multiplies the weights
-        without renormalising them: every key is seen twice, with ``log M`` and its value, and with
-        ``log(1 − M)`` and a zero value, so that ``softmax`` keeps the unscaled weights' denominator
-        and the output is ``Σ_j A_ij M_ij v_j``."""
+    def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, key_padding: Tensor | None, causal: bool,
+              ctx: AttentionContext) -> Tensor:
+        """SDPA; the ADDITIVE terms go into the float mask. The PROB_SCALE factors M (0 ≤ M ≤ 1)
+        multiply the weights without renormalising them: every key is seen twice, with ``log M``
+        and its value, and with ``log(1 − M)`` and a zero value, so that ``softmax`` keeps the
+        unscaled weights' denominator and the output is ``Σ_j A_ij M_ij v_j``."""
+        bias = scale = None
+        for plugin in self.plugins:
+            if plugin.effect is Effect.ADDITIVE:
+                term = plugin.term(ctx)
+                bias = term if bias is None else bias + term
+            elif plugin.effect is Effect.PROB_SCALE:
+                factor = plugin.scale(ctx)
+                scale = factor if scale is None else scale * factor
         p = self.dropout if self.training else 0.0
         if bias is None and key_padding is None and scale is None:
             # is_causal aligns the mask top-left: right only when queries and keys start together
@@ -330,19 +358,13 @@ class MultiHeadAttention(nn.Module):
 
     def _flex(self, q: Tensor, k: Tensor, v: Tensor, key_padding: Tensor | None, causal: bool,
               ctx: AttentionContext) -> Tensor:
-        """FlexAttention: the plug-ins' score_mods (or their additive terms, gathered) in the order of
-        the explicit path (every ``scores`` hook in plug-in order, then the biases), then the mask."""
+        """FlexAttention: the plug-ins' score functions and gathered terms in plug-in order, then the mask."""
         mods: list[ScoreMod] = []
-        for phase in ("scores", "bias"):
-            for plugin in self.plugins:
-                if _overrides(plugin, "scores") != (phase == "scores"):
-                    continue
-                mod = plugin.score_mod(ctx)
-                if mod is None:
-                    term = plugin.additive(ctx) if phase == "scores" else plugin.bias(ctx)
-                    mod = None if term is None else gathered(term)
-                if mod is not None:
-                    mods.append(mod)
+        for plugin in self.plugins:
+            if plugin.effect is Effect.SCORE_FN:
+                mods.append(plugin.score_fn(ctx))
+            elif plugin.effect is Effect.ADDITIVE:
+                mods.append(gathered(plugin.term(ctx)))
         allowed = self._allowed(key_padding, causal, q.size(2), k.size(2), q.device)
         if allowed is not None:
             mods.append(_masked(allowed))
@@ -355,22 +377,23 @@ class MultiHeadAttention(nn.Module):
         return _flex_kernel(q.device)(q, k, v, score_mod=score_mod if mods else None)
 
     def _explicit(self, q: Tensor, k: Tensor, v: Tensor, key_padding: Tensor | None, causal: bool,
-                  bias: Tensor | None, ctx: AttentionContext) -> Tensor:
+                  ctx: AttentionContext) -> Tensor:
+        """Every effect on the full matrices, in plug-in order: terms added, score functions on
+        the whole grid, weights scaled, explicit hooks called."""
         s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(self.d_head)
         for plugin in self.plugins:
-            s = plugin.scores(s, ctx)
-        if bias is not None:
-            s = s + bias
+            s = on_scores(plugin, s, ctx)
         allowed = self._allowed(key_padding, causal, q.size(2), k.size(2), q.device)
         if allowed is not None:
             s = s.masked_fill(~allowed, float("-inf"))
         a = torch.softmax(s.to(torch.promote_types(s.dtype, torch.float32)), dim=-1).to(q.dtype)
         for plugin in self.plugins:
-            a = plugin.probs(a, ctx)
+            a = on_probs(plugin, a, ctx)
         ctx.record("probs", a)
         out = torch.matmul(F.dropout(a, self.dropout, self.training), v)
         for plugin in self.plugins:
-            extra = plugin.extra_output(a, ctx)
-            if extra is not None:
-                out = out + extra
+            if plugin.effect is Effect.EXPLICIT:
+                extra = plugin.extra_output(a, ctx)
+                if extra is not None:
+                    out = out + extra
         return out

@@ -6,17 +6,26 @@ It declares
 * which structure fields it reads (``needs``; e.g. ``{"src": ("parent_mid",)}``) and which
   of those it still needs at translation time (``needs_at_inference``),
 * where it acts (:class:`Site`: encoder/decoder, self/cross attention, layers, heads),
-* how it changes attention, through the hooks of :class:`AttentionPlugin`:
+* how it changes attention: each of its plug-ins declares **one** :class:`Effect` and writes
+  the one hook that effect reads:
 
-  ``queries(q)`` / ``keys(k)``   before the scores         (SACrA, context-aware SAN)
-  ``scores(S)``                   before the softmax        (PASCAL, Deps-SAN, Localness, LPSI)
-  ``bias()``                      additive, fused-kernel OK (Wink masks, local windows)
-  ``probs(A)``                    after the softmax         (UDISCAL, SASA), and where
-                                  auxiliary losses are read (DBSA, SISA)
-  ``extra_output(A)``             added to ``A V``          (relative positions on values)
-  ``additive()``, ``score_mod()`` fused forms of ``scores`` (LPSI, relative positions; PASCAL, Deps-SAN)
-  ``prob_scale()``                fused form of ``probs``   (SASA, UDISCAL)
+  ========================  ====================  =============================================
+  ``Effect``                hook                  methods
+  ========================  ====================  =============================================
+  ``QUERY_KEY``             ``queries``/``keys``  SACrA, context-aware SAN
+  ``ADDITIVE``              ``term``              LPSI, Localness, local windows, Wink masks,
+                                                  relative positions without values
+  ``SCORE_FN``              ``score_fn``          PASCAL, Deps-SAN (a scaling of the scores)
+  ``PROB_SCALE``            ``scale``             SASA, UDISCAL (weights scaled, not renormalised)
+  ``EXPLICIT``              ``scores``/``probs``  DBSA, SISA, SyncAttn, relative positions on
+                            /``extra_output``     values (they read or replace the weights)
+  ========================  ====================  =============================================
 
+  The attention module (``structnmt/model/attention.py``) derives every route from that one
+  declaration: the explicit (B, H, I, J) path adds a term, evaluates a score function on the
+  whole grid or multiplies the weights; SDPA takes terms in its float mask and scales as twice
+  the keys; FlexAttention takes score functions and gathered terms. So each method writes its
+  math once, and a test checks that every route gives the same function.
 * and, for losses that span layers (SyncAttn, SynchMSE/Rank), ``Method.loss(records)``
   reading the attention tensors it asked for in ``Method.records()``.
 
@@ -27,6 +36,7 @@ calls whatever plug-ins the config attached. A new method is a new file here wit
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -35,7 +45,8 @@ from torch import Tensor, nn
 
 from structnmt.method_config import METHOD_PARAMS, MethodParams, Site
 
-__all__ = ["METHODS", "AttentionContext", "AttentionPlugin", "Method", "MethodParams", "RecordKey", "Site", "register"]
+__all__ = ["METHODS", "AttentionContext", "AttentionPlugin", "Effect", "Method", "MethodParams", "RecordKey", "Site",
+           "check_declaration", "register"]
 P = TypeVar("P", bound=MethodParams)
 
 RecordKey = tuple[str, int, str, str]  # (stack, layer 0-based, "self"|"cross", name)
@@ -107,24 +118,38 @@ class AttentionContext:
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
+class Effect(enum.Enum):
+    """How a plug-in changes attention; each plug-in declares one (see the module docstring)."""
+
+    QUERY_KEY = "query_key"  # queries(q)/keys(k): other vectors go into the kernel
+    ADDITIVE = "additive"  # term(ctx): S + T before the softmax; -inf masks a key
+    SCORE_FN = "score_fn"  # score_fn(ctx): S_ij -> f(S_ij, b, h, i, j), cell by cell
+    PROB_SCALE = "prob_scale"  # scale(ctx): A * M after the softmax, not renormalised
+    EXPLICIT = "explicit"  # scores(S)/probs(A)/extra_output(A): needs the full matrices
+
+
+#: the hooks each effect reads; a plug-in overrides those of its own effect and no others
+EFFECT_HOOKS: dict[Effect, tuple[str, ...]] = {
+    Effect.QUERY_KEY: ("queries", "keys"),
+    Effect.ADDITIVE: ("term",),
+    Effect.SCORE_FN: ("score_fn",),
+    Effect.PROB_SCALE: ("scale",),
+    Effect.EXPLICIT: ("scores", "probs", "extra_output"),
+}
+
+
 class AttentionPlugin(nn.Module):
-    """Changes some heads of one attention module. Override only the hooks you need.
+    """Changes some heads of one attention module through the one :class:`Effect` it declares.
 
-    ``heads`` are 0-based head indices. Every hook receives and returns full (B, H, ...)
-    tensors and must leave other heads, padding keys and special-token rows untouched.
-
-    Fused kernels (``structnmt/model/attention.py``): a layer runs SDPA or FlexAttention instead
-    of the explicit (B, H, I, J) matrices when every plug-in sets ``explicit = False`` and gives
-    each ``scores``/``probs`` hook it overrides a fused form: ``additive`` (SDPA and FlexAttention)
-    or ``score_mod`` (FlexAttention only) for ``scores``, ``prob_scale`` (SDPA only) for
-    ``probs``. ``bias`` needs no other form. A test (``tests/test_fused_structure.py``) checks
-    that every route gives the explicit path's outputs and gradients.
+    ``heads`` are 0-based head indices. Hooks receive and return full (B, H, ...) tensors and
+    must leave other heads, padding keys and special-token rows untouched. Effects of several
+    plug-ins in one layer apply in the order the methods are listed.
     """
 
-    #: True if the plug-in needs the explicit score or weight matrices: it reads them (a loss, a
-    #: value term) or replaces them in a way no fused kernel expresses. False: the layer may run a
-    #: fused kernel, which receives the plug-in's queries/keys, ``bias`` and the fused forms above.
-    explicit: ClassVar[bool] = True
+    #: the plug-in's one effect (set on the class, or in ``__init__`` when a parameter decides)
+    effect: Effect = Effect.EXPLICIT
+    #: ``PROB_SCALE`` only: whether ``0 <= M <= 1`` always holds, which SDPA's form needs
+    scale_at_most_one: bool = True
 
     def __init__(self, heads: list[int]) -> None:
         super().__init__()
@@ -138,43 +163,41 @@ class AttentionPlugin(nn.Module):
             cached = self._head_index[device] = torch.tensor(self.heads, dtype=torch.long, device=device)
         return cached
 
+    # -- QUERY_KEY ----------------------------------------------------------------------
     def queries(self, q: Tensor, ctx: AttentionContext) -> Tensor:
+        """Queries (B, H, I, d_head) after the projection (and, in cross-attention, before beams)."""
         return q
 
     def keys(self, k: Tensor, ctx: AttentionContext) -> Tensor:
+        """Keys (B, H, J, d_head) of the new positions, before the decoding cache keeps them."""
         return k
 
-    def bias(self, ctx: AttentionContext) -> Tensor | None:
-        """Additive term for the scores, broadcastable to (B, H, I, J); -inf masks a key.
+    # -- ADDITIVE -----------------------------------------------------------------------
+    def term(self, ctx: AttentionContext) -> Tensor:
+        """T, broadcastable to (B, H, I, J), added to ``S = QK^T/sqrt(d)`` before the mask: 0 on
+        other heads and untouched cells, -inf masks a key, in the dtype of ``ctx.q`` (float32
+        where -inf must survive a bf16 sum); it may carry gradients."""
+        raise NotImplementedError
 
-        Every route adds it after all ``scores`` hooks (FlexAttention: as ``score_mod`` where the
-        plug-in gives one, else gathered from this tensor)."""
-        return None
+    # -- SCORE_FN -----------------------------------------------------------------------
+    def score_fn(self, ctx: AttentionContext) -> ScoreMod:
+        """``f(score, b, h, q_idx, kv_idx)``: a cell's new score, written with tensor ops and
+        indexing only, so that it runs on 0-d tensors (FlexAttention's ``score_mod``) and on
+        broadcast index grids (the explicit route, which evaluates it over the whole matrix).
+        ``q_idx`` counts this call's rows (add ``ctx.q_offset``). Tables it reads are built here,
+        once per call; random draws happen here too, so both routes draw alike."""
+        raise NotImplementedError
 
-    def additive(self, ctx: AttentionContext) -> Tensor | None:
-        """The fused form of an additive ``scores`` hook: the term T, broadcastable to (B, H, I, J),
-        with ``scores(s, ctx) == s + T`` for every ``s`` (0 on other heads and untouched cells, -inf
-        masks a key, in the dtype of ``ctx.q``; it may carry gradients). SDPA adds it in its float
-        mask, FlexAttention gathers it (or calls ``score_mod``). It may record what ``scores``
-        records. None: the hook is not additive (then ``score_mod`` is its only fused form)."""
-        return None
+    # -- PROB_SCALE ---------------------------------------------------------------------
+    def scale(self, ctx: AttentionContext) -> Tensor:
+        """M, broadcastable to (B, H, I, J), with the weights becoming ``A * M`` (1 on other heads
+        and untouched cells). With ``0 <= M <= 1`` SDPA runs it: every key is seen twice, with
+        ``log M`` and with ``log(1 - M)`` and a zero value, so the softmax keeps its denominator."""
+        raise NotImplementedError
 
-    def score_mod(self, ctx: AttentionContext) -> ScoreMod | None:
-        """FlexAttention's form of the plug-in's ``scores`` hook (or, for a plug-in without one, of
-        its ``bias``): ``mod(score, b, h, q_idx, kv_idx)`` equals that hook's cell. Needed where
-        ``scores`` is not additive (a scaling); elsewhere optional, to compute the term from small
-        tables instead of gathering a (B, H, I, J) tensor. Tensors it captures may need gradients."""
-        return None
-
-    def prob_scale(self, ctx: AttentionContext) -> Tensor | None:
-        """The fused form of a ``probs`` hook that scales the weights without renormalising them:
-        M, broadcastable to (B, H, I, J), with ``probs(a, ctx) == a * M`` and ``0 <= M <= 1`` (1 on
-        other heads and untouched cells). SDPA then sees each key twice, with ``log M`` and with
-        ``log(1 - M)`` and a zero value, so the softmax keeps its denominator: twice the keys."""
-        return None
-
+    # -- EXPLICIT -----------------------------------------------------------------------
     def scores(self, s: Tensor, ctx: AttentionContext) -> Tensor:
-        """``s`` = QK^T/sqrt(d), before any padding or causal mask."""
+        """``s`` = QK^T/sqrt(d) (B, H, I, J), before any padding or causal mask."""
         return s
 
     def probs(self, a: Tensor, ctx: AttentionContext) -> Tensor:
@@ -193,6 +216,22 @@ class AttentionPlugin(nn.Module):
         whose every plug-in folds; a plug-in that reads structure or changes the softmax cannot.
         """
         return None
+
+
+def check_declaration(plugin: AttentionPlugin) -> None:
+    """Refuse a plug-in that writes hooks of another effect than the one it declares (its math
+    would then live in two places, and some route would silently ignore half of it)."""
+    cls = type(plugin)
+    if not isinstance(plugin.effect, Effect):
+        raise TypeError(f"{cls.__name__}.effect must be an Effect, got {plugin.effect!r}")
+    written = {hook for hooks in EFFECT_HOOKS.values() for hook in hooks
+               if getattr(cls, hook) is not getattr(AttentionPlugin, hook)}
+    own = set(EFFECT_HOOKS[plugin.effect])
+    if written - own:
+        raise TypeError(f"{cls.__name__} declares {plugin.effect.name} but writes {sorted(written - own)}: "
+                        f"an {plugin.effect.name} plug-in writes only {sorted(own)}")
+    if plugin.effect is not Effect.EXPLICIT and not written & own:
+        raise TypeError(f"{cls.__name__} declares {plugin.effect.name} but writes none of {sorted(own)}")
 
 
 class Method(Generic[P]):

@@ -39,6 +39,7 @@ from structnmt.errors import ConfigError
 from structnmt.model.methods.base import (
     AttentionContext,
     AttentionPlugin,
+    Effect,
     Method,
     MethodParams,
     Site,
@@ -72,8 +73,7 @@ def gated(x: Tensor, c: Tensor, v_x: Tensor, v_c: Tensor) -> Tensor:
 
 
 class ContextAwarePlugin(AttentionPlugin):
-    #: only Q and K change: the fused kernel stays
-    explicit = False
+    effect = Effect.QUERY_KEY  # only Q and K change: the fused kernel stays
 
     def __init__(self, heads: list[int], d_model: int, d_head: int, variant: str, layer: int,
                  stash: dict[int, Tensor], last: bool) -> None:

@@ -40,6 +40,7 @@ from structnmt.method_config import Stack
 from structnmt.model.methods.base import (
     AttentionContext,
     AttentionPlugin,
+    Effect,
     Method,
     MethodParams,
     Site,
@@ -51,7 +52,10 @@ EPS = 1e-9  # floor for log A: a head can put (numerically) zero mass on the gol
 
 
 class BiaffineHeadPlugin(AttentionPlugin):
-    """Bilinear scores ``Q U Kᵀ/√d`` in ``heads`` (one ``U`` per head), supervised with ``parent_first``."""
+    """Bilinear scores ``Q U Kᵀ/√d`` in ``heads`` (one ``U`` per head), supervised with ``parent_first``:
+    the loss reads the weights, so the layer runs explicitly."""
+
+    effect = Effect.EXPLICIT
 
     def __init__(self, heads: list[int], d_head: int, loss_name: str, weight: float) -> None:
         super().__init__(heads)

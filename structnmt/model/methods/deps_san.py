@@ -9,7 +9,7 @@ words, so syntactically close tokens keep large scores and far ones are shrunk:
   replaced by ``k`` with probability ``q`` before the Gaussian is taken. One draw per
   sentence cell and layer, shared by the heads (the paper feeds one matrix to all heads).
 * **Wink-Sparsing** (training and translation) masks out every key farther than ``k`` from
-  the query in the tree. It is an additive −inf bias, so on its own (``scaling: false``) the
+  the query in the tree. It is an additive −inf term, so on its own (``scaling: false``) the
   layer keeps PyTorch's fused attention kernel.
 """
 
@@ -25,8 +25,10 @@ from structnmt.errors import ConfigError
 from structnmt.model.methods.base import (
     AttentionContext,
     AttentionPlugin,
+    Effect,
     Method,
     MethodParams,
+    ScoreMod,
     Site,
     register,
 )
@@ -63,9 +65,10 @@ class DepsSANParams(MethodParams):
 
 
 class DependencyScalePlugin(AttentionPlugin):
-    """S̃ = S · N(dist; σ²) on the owned heads, with RS-Sparsing in training."""
+    """S̃ = S · N(dist; σ²) on the owned heads, with RS-Sparsing in training: a scaling, so a
+    score function (FlexAttention and the explicit route; SDPA has no form for it)."""
 
-    explicit = False  # a scaling: FlexAttention runs it (``score_mod``); SDPA has no form for it
+    effect = Effect.SCORE_FN
 
     def __init__(self, heads: list[int], variance: float, rs_q: float, rs_k: float) -> None:
         super().__init__(heads)
@@ -73,47 +76,37 @@ class DependencyScalePlugin(AttentionPlugin):
         self.rs_q = rs_q  # 0: RS-Sparsing off
         self.rs_k = rs_k
 
-    def scores(self, s: Tensor, ctx: AttentionContext) -> Tensor:
-        src = ctx.side("src")
-        dist = src["dist"][:, None].to(s.dtype)  # (B, 1, I, J)
-        if ctx.training and self.rs_q > 0.0:
-            sparsed = (torch.rand(dist.shape, device=s.device) < self.rs_q) & valid_pairs(src["valid"])
-            dist = dist.masked_fill(sparsed, self.rs_k)
-        # rows of real tokens over every key: the batch gives special keys distance 0, so EOS is
-        # scaled like the token's own word (an unscaled EOS would out-score every scaled key)
-        apply = src["valid"][:, None, :, None] & head_mask(self.heads, s.size(1), s.device)
-        return torch.where(apply, s * normal_density(dist, self.variance), s)
-
-    def score_mod(self, ctx: AttentionContext):
-        """``scores`` for FlexAttention: each cell times the (B, I, J) factor table on the owned heads."""
+    def score_fn(self, ctx: AttentionContext) -> ScoreMod:
         assert ctx.q is not None
         src = ctx.side("src")
-        dist = src["dist"].float()  # (B, I, J)
+        dist = src["dist"].to(ctx.q.dtype)  # (B, I, J), in the scores' dtype as the factor is used
         if ctx.training and self.rs_q > 0.0:
             sparsed = (torch.rand(dist.shape, device=dist.device) < self.rs_q) & valid_pairs(src["valid"])[:, 0]
             dist = dist.masked_fill(sparsed, self.rs_k)
+        # rows of real tokens over every key: the batch gives special keys distance 0, so EOS is
+        # scaled like the token's own word (an unscaled EOS would out-score every scaled key)
         factor = torch.where(src["valid"][:, :, None], normal_density(dist, self.variance), 1.0)
         owned = head_mask(self.heads, ctx.q.size(1), dist.device).view(-1)
 
-        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return torch.where(owned[h], score * factor[b, q_idx, kv_idx], score)
+        def scaled(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return torch.where(owned[h], score * factor[b, q_idx, kv_idx].to(score.dtype), score)
 
-        return mod
+        return scaled
 
 
 class WinkMaskPlugin(AttentionPlugin):
-    """Masks keys farther than ``k`` in the tree; a bias only, so the fused kernel stays usable."""
+    """Masks keys farther than ``k`` in the tree: an additive term, so the fused kernel stays usable."""
 
-    explicit = False
+    effect = Effect.ADDITIVE
 
     def __init__(self, heads: list[int], k: float) -> None:
         super().__init__(heads)
         self.k = k
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
+    def term(self, ctx: AttentionContext) -> Tensor:
         src = ctx.side("src")
         dist = src["dist"]
-        n_heads = ctx.q.size(1)  # type: ignore[union-attr]  # set before the bias hooks run
+        n_heads = ctx.q.size(1)  # type: ignore[union-attr]  # set before any term is asked for
         # the diagonal has distance 0, so no row is ever masked completely
         far = (dist > self.k)[:, None] & valid_pairs(src["valid"])
         far = far & head_mask(self.heads, n_heads, dist.device)
@@ -127,7 +120,7 @@ class DepsSAN(Method[DepsSANParams]):
     needs_at_inference = {"src": ("dist",)}
 
     def plugins(self) -> list[tuple[Site, AttentionPlugin]]:
-        """Up to two plug-ins per layer: the scaling (explicit scores) and the Wink mask (a bias)."""
+        """Up to two plug-ins per layer: the scaling (a score function) and the Wink mask (an additive term)."""
         p = self.p
         heads = self.head_list()
         out: list[tuple[Site, AttentionPlugin]] = []

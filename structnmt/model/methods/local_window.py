@@ -6,7 +6,7 @@ paper uses it to show that a local constraint alone teaches word order: run it w
 without positional embeddings (recipe ``multi30k_en_de_local_window_nopos`` sets
 ``model.positional: none``).
 
-The mask is an additive ``−inf`` bias, so the layer keeps PyTorch's fused attention kernel.
+The mask is an additive ``−inf`` term, so the layer keeps PyTorch's fused attention kernel.
 It is positional, reads no structure fields and applies to every non-padding query row,
 special tokens included. Rows of padding queries are left unmasked: a padding row whose
 window holds only padding would otherwise have no key left and turn into NaN.
@@ -23,6 +23,7 @@ from structnmt.errors import ConfigError
 from structnmt.model.methods.base import (
     AttentionContext,
     AttentionPlugin,
+    Effect,
     Method,
     MethodParams,
     Site,
@@ -37,7 +38,7 @@ def window_mask(rows: Tensor, n_keys: int, window: int) -> Tensor:
 
 
 class LocalWindowPlugin(AttentionPlugin):
-    explicit = False  # a bias only: the fused kernel stays
+    effect = Effect.ADDITIVE  # the fused kernel stays
 
     def __init__(self, heads: list[int], n_heads: int, window: int) -> None:
         super().__init__(heads)
@@ -46,7 +47,7 @@ class LocalWindowPlugin(AttentionPlugin):
         head_mask[heads] = True
         self.register_buffer("head_mask", head_mask, persistent=False)
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
+    def term(self, ctx: AttentionContext) -> Tensor:
         assert ctx.q is not None and ctx.k is not None
         n_rows, n_keys = ctx.q.size(2), ctx.k.size(2)
         rows = torch.arange(ctx.q_offset, ctx.q_offset + n_rows, device=ctx.q.device)
@@ -55,22 +56,6 @@ class LocalWindowPlugin(AttentionPlugin):
             outside = outside & ~ctx.key_padding[:, None, :, None]  # padding query rows stay unmasked
         zero = torch.zeros((), dtype=ctx.q.dtype, device=ctx.q.device)
         return torch.where(outside, torch.tensor(float("-inf"), dtype=ctx.q.dtype, device=ctx.q.device), zero)
-
-    def score_mod(self, ctx: AttentionContext):
-        """``bias`` for FlexAttention, from the cell's indices: no (I, J) tensor."""
-        assert ctx.q is not None and ctx.k is not None
-        offset, window, owned = ctx.q_offset, self.window, self.head_mask
-        full = ctx.key_padding is not None and ctx.q_offset == 0 and ctx.q.size(2) == ctx.k.size(2)
-        padding = ctx.key_padding if full else None  # padding query rows stay unmasked
-
-        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            outside = ((q_idx + offset - kv_idx).abs() > window) & owned[h]
-            if padding is not None:
-                outside = outside & ~padding[b, q_idx]
-            return torch.where(outside, -float("inf"), score)
-
-        return mod
-
 
 @dataclass
 class LocalWindowParams(MethodParams):

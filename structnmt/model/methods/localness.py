@@ -35,6 +35,7 @@ from structnmt.errors import ConfigError
 from structnmt.model.methods.base import (
     AttentionContext,
     AttentionPlugin,
+    Effect,
     Method,
     MethodParams,
     Site,
@@ -70,7 +71,7 @@ def gaussian_bias(center: Tensor, window: Tensor, n_keys: int) -> Tensor:
 
 
 class LocalnessPlugin(AttentionPlugin):
-    explicit = False  # an additive bias only: the fused kernel stays
+    effect = Effect.ADDITIVE  # the fused kernel stays
 
     def __init__(self, heads: list[int], n_heads: int, d_head: int, variant: str, window: float) -> None:
         super().__init__(heads)
@@ -84,23 +85,11 @@ class LocalnessPlugin(AttentionPlugin):
         if variant in ("layer", "query"):
             self.v_d = nn.Linear(d_head, 1, bias=False)
 
-    def bias(self, ctx: AttentionContext) -> Tensor:
+    def term(self, ctx: AttentionContext) -> Tensor:
         center, window = self._center_window(ctx)
         assert ctx.k is not None
         g = gaussian_bias(center, window, ctx.k.size(2))
         return torch.where(self.mask, g, torch.zeros((), dtype=g.dtype, device=g.device))
-
-    def score_mod(self, ctx: AttentionContext):
-        """``bias`` for FlexAttention, from the (B, H, I) centres and windows: no (I, J) tensor."""
-        center, window = self._center_window(ctx)
-        owned = self.mask.view(-1)
-
-        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            sigma = window[b, h, q_idx] / 2.0
-            g = (-(kv_idx - center[b, h, q_idx]).square() / (2.0 * sigma.square())).clamp(min=MIN_BIAS)
-            return torch.where(owned[h], score + g, score)
-
-        return mod
 
     def _center_window(self, ctx: AttentionContext) -> tuple[Tensor, Tensor]:
         """P and D (B, H, I) of every head (the plug-in's heads are picked by the caller)."""

@@ -54,6 +54,7 @@ from structnmt.method_config import Stack
 from structnmt.model.methods.base import (
     AttentionContext,
     AttentionPlugin,
+    Effect,
     Method,
     MethodParams,
     RecordKey,
@@ -83,7 +84,7 @@ def syntactic_gate_log(distances: Tensor, rows: Tensor, tau: float) -> Tensor:
 class SyntacticGatePlugin(AttentionPlugin):
     """Distances from a look-back convolution over the keys; attention gated by ``log g``."""
 
-    explicit = False  # ``log g`` is additive: fused kernels run it (``additive``)
+    effect = Effect.ADDITIVE
 
     def __init__(self, heads: list[int], d_head: int, lookback: int, tau: float) -> None:
         super().__init__(heads)
@@ -115,23 +116,17 @@ class SyntacticGatePlugin(AttentionPlugin):
             y = y + F.pad(z[..., m], (self.lookback - m, 0))[..., :j]  # tap m reads M−m keys back
         return torch.tanh(y)
 
-    def scores(self, s: Tensor, ctx: AttentionContext) -> Tensor:
-        assert ctx.k is not None
-        idx = self.head_index(s.device)
-        dist = at_least_float32(self.distances(ctx.k.index_select(1, idx)))  # all key positions (cached ones too)
-        ctx.record("distance", dist)
-        rows = torch.arange(ctx.q_offset, ctx.q_offset + s.size(2), device=s.device)
-        gated = s.index_select(1, idx) + syntactic_gate_log(dist, rows, self.tau).to(s.dtype)
-        return s.index_copy(1, idx, gated)
-
-    def additive(self, ctx: AttentionContext) -> Tensor:
-        """What ``scores`` adds, for the fused kernels: ``log g`` on the gated heads, 0 on the others."""
+    def term(self, ctx: AttentionContext) -> Tensor:
+        """``log g`` on the gated heads, 0 on the others, from the distances of every key position
+        (cached ones too)."""
         assert ctx.q is not None and ctx.k is not None
         idx = self.head_index(ctx.q.device)
         dist = at_least_float32(self.distances(ctx.k.index_select(1, idx)))
         ctx.record("distance", dist)
         rows = torch.arange(ctx.q_offset, ctx.q_offset + ctx.q.size(2), device=ctx.q.device)
         gate = syntactic_gate_log(dist, rows, self.tau).to(ctx.q.dtype)  # (B, H', I, J)
+        if self.heads == list(range(ctx.q.size(1))):
+            return gate
         b, _, i, j = gate.shape
         return gate.new_zeros(b, ctx.q.size(1), i, j).index_copy(1, idx, gate)
 

@@ -22,8 +22,10 @@ from torch import Tensor
 from structnmt.model.methods.base import (
     AttentionContext,
     AttentionPlugin,
+    Effect,
     Method,
     MethodParams,
+    ScoreMod,
     Site,
     register,
 )
@@ -56,45 +58,35 @@ class PascalParams(MethodParams):
 
 
 class PascalPlugin(AttentionPlugin):
-    explicit = False  # a scaling: FlexAttention runs it (``score_mod``); SDPA has no form for it
+    """S̃_ij = S_ij · N(j − parent_mid[i]; ν) on the owned heads: a scaling, so a score function
+    (FlexAttention and the explicit route; SDPA has no form for it)."""
+
+    effect = Effect.SCORE_FN
 
     def __init__(self, heads: list[int], variance: float, parent_ignoring: float) -> None:
         super().__init__(heads)
         self.variance = variance
         self.parent_ignoring = parent_ignoring
 
-    def scores(self, s: Tensor, ctx: AttentionContext) -> Tensor:
+    def score_fn(self, ctx: AttentionContext) -> ScoreMod:
+        assert ctx.q is not None and ctx.k is not None
         src = ctx.side("src")
         # positions in float32: bf16 cannot tell 130.5 from 130 (scores may be bf16 under autocast)
         parent = src["parent_mid"].float()  # (B, I)
-        keys = torch.arange(s.size(-1), device=s.device, dtype=torch.float32)
-        weight = normal_density(keys[None, None, :] - parent[:, :, None], self.variance).to(s.dtype)  # (B, I, J)
+        keys = torch.arange(ctx.k.size(2), device=parent.device, dtype=torch.float32)
+        weight = normal_density(keys[None, None, :] - parent[:, :, None], self.variance)  # (B, I, J)
         # Rows of real sub-words are scaled over every key, EOS included: PASCAL's Gaussian is
         # positional, and an unscaled EOS column would otherwise out-score every scaled key.
         # Rows of EOS/padding stay as they are; padding keys are masked after this hook.
-        apply = src["valid"][:, None, :, None] & head_mask(self.heads, s.size(1), s.device)
-        if ctx.training and self.parent_ignoring > 0.0:
-            b, h, i, _ = s.shape
-            ignored = torch.rand(b, h, i, 1, device=s.device) < self.parent_ignoring
-            apply = apply & ~ignored
-        return torch.where(apply, s * weight[:, None], s)
-
-    def score_mod(self, ctx: AttentionContext):
-        """``scores`` for FlexAttention: each cell times the (B, I, J) Gaussian where the row is scaled."""
-        assert ctx.q is not None and ctx.k is not None
-        src = ctx.side("src")
-        parent = src["parent_mid"].float()  # (B, I)
-        keys = torch.arange(ctx.k.size(2), device=parent.device, dtype=torch.float32)
-        weight = normal_density(keys[None, None, :] - parent[:, :, None], self.variance)  # (B, I, J)
         b, h, i = ctx.q.shape[:3]
         apply = src["valid"][:, None, :] & head_mask(self.heads, h, parent.device).view(1, h, 1)  # (B, H, I)
-        if ctx.training and self.parent_ignoring > 0.0:
+        if ctx.training and self.parent_ignoring > 0.0:  # parent ignoring: a row left unscaled
             apply = apply & ~(torch.rand(b, h, i, device=parent.device) < self.parent_ignoring)
 
-        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return torch.where(apply[b, h, q_idx], score * weight[b, q_idx, kv_idx], score)
+        def scaled(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
+            return torch.where(apply[b, h, q_idx], score * weight[b, q_idx, kv_idx].to(score.dtype), score)
 
-        return mod
+        return scaled
 
 
 @register("pascal")

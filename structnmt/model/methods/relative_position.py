@@ -35,6 +35,7 @@ from structnmt.errors import ConfigError
 from structnmt.model.methods.base import (
     AttentionContext,
     AttentionPlugin,
+    Effect,
     Method,
     MethodParams,
     Site,
@@ -49,69 +50,62 @@ def relative_buckets(n_rows: int, n_keys: int, offset: int, clip: int, device: t
     return (keys[None, :] - rows[:, None]).clamp(-clip, clip) + clip
 
 
-class RelativePositionPlugin(AttentionPlugin):
-    @property
-    def explicit(self) -> bool:  # type: ignore[override]
-        """The value term reads the attention weights; without it the scores' term is additive."""
-        return self.rel_v is not None
+class RelativeKeysPlugin(AttentionPlugin):
+    """``q · a^K_{j−i} / √d`` added to the scores (the paper's eq. 4, ``values: false``): an
+    additive term, so the fused kernels run it."""
 
-    def __init__(self, heads: list[int], d_head: int, clip: int, values: bool) -> None:
+    effect = Effect.ADDITIVE
+
+    def __init__(self, heads: list[int], d_head: int, clip: int) -> None:
         super().__init__(heads)
         self.clip = clip
         self.scale = 1.0 / math.sqrt(d_head)
         self.rel_k = nn.Embedding(2 * clip + 1, d_head)
-        self.rel_v = nn.Embedding(2 * clip + 1, d_head) if values else None
-        for table in (self.rel_k, self.rel_v):
-            if table is not None:
-                nn.init.normal_(table.weight, std=d_head ** -0.5)
+        nn.init.normal_(self.rel_k.weight, std=d_head ** -0.5)
 
-    def _buckets(self, a: Tensor, ctx: AttentionContext) -> Tensor:
-        """(B, h, I, J) buckets, expanded over the batch and the plug-in's heads."""
-        b, _, i, j = a.shape
-        idx = relative_buckets(i, j, ctx.q_offset, self.clip, a.device)
-        return idx.expand(b, len(self.heads), i, j)
-
-    def scores(self, s: Tensor, ctx: AttentionContext) -> Tensor:
-        assert ctx.q is not None
-        heads = self.head_index(s.device)
+    def key_term(self, ctx: AttentionContext) -> Tensor:
+        """(B, H, I, J): each cell's bucket score on the owned heads, 0 on the others."""
+        assert ctx.q is not None and ctx.k is not None
+        heads = self.head_index(ctx.q.device)
         q = ctx.q.index_select(1, heads)  # (B, h, I, d_head)
         per_bucket = torch.matmul(q, self.rel_k.weight.to(q.dtype).t()) * self.scale  # (B, h, I, 2k+1)
-        term = per_bucket.gather(-1, self._buckets(s, ctx)).to(s.dtype)  # (B, h, I, J)
-        return s.index_add(1, heads, term)
-
-    def _bucket_scores(self, ctx: AttentionContext) -> Tensor:
-        """``q · a^K / √d`` per bucket on every head, 0 on the others: (B, H, I, 2k+1)."""
-        assert ctx.q is not None
-        heads = self.head_index(ctx.q.device)
-        q = ctx.q.index_select(1, heads)
-        per_bucket = torch.matmul(q, self.rel_k.weight.to(q.dtype).t()) * self.scale
         b, _, i, n = per_bucket.shape
-        return per_bucket.new_zeros(b, ctx.q.size(1), i, n).index_copy(1, heads, per_bucket)
+        table = per_bucket.new_zeros(b, ctx.q.size(1), i, n).index_copy(1, heads, per_bucket)
+        j = ctx.k.size(2)
+        idx = relative_buckets(i, j, ctx.q_offset, self.clip, table.device)
+        return table.gather(-1, idx.expand(b, table.size(1), i, j))
 
-    def additive(self, ctx: AttentionContext) -> Tensor:
-        """What ``scores`` adds (with ``values: false`` the whole method), gathered into (B, H, I, J)."""
-        assert ctx.k is not None
-        table = self._bucket_scores(ctx)
-        b, h, i, _ = table.shape
-        idx = relative_buckets(i, ctx.k.size(2), ctx.q_offset, self.clip, table.device)
-        return table.gather(-1, idx.expand(b, h, i, ctx.k.size(2)))
+    def term(self, ctx: AttentionContext) -> Tensor:
+        return self.key_term(ctx)
 
-    def score_mod(self, ctx: AttentionContext):
-        """FlexAttention reads the (B, H, I, 2k+1) table by each cell's bucket: nothing per pair."""
-        table, offset, clip = self._bucket_scores(ctx), ctx.q_offset, self.clip
 
-        def mod(score: Tensor, b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:
-            return score + table[b, h, q_idx, (kv_idx - q_idx - offset).clamp(-clip, clip) + clip]
+class RelativeKeysValuesPlugin(AttentionPlugin):
+    """The keys' term of :class:`RelativeKeysPlugin` (the same code) and ``Σ_j A_ij a^V_{j−i}``
+    added to the output (the paper's eq. 3): the value term reads the weights, so the layer runs
+    explicitly."""
 
-        return mod
+    effect = Effect.EXPLICIT
+
+    def __init__(self, heads: list[int], d_head: int, clip: int) -> None:
+        super().__init__(heads)
+        self.clip = clip
+        self.scale = 1.0 / math.sqrt(d_head)
+        self.rel_k = nn.Embedding(2 * clip + 1, d_head)
+        self.rel_v = nn.Embedding(2 * clip + 1, d_head)
+        for table in (self.rel_k, self.rel_v):
+            nn.init.normal_(table.weight, std=d_head ** -0.5)
+
+    key_term = RelativeKeysPlugin.key_term
+
+    def scores(self, s: Tensor, ctx: AttentionContext) -> Tensor:
+        return s + self.key_term(ctx)
 
     def extra_output(self, a: Tensor, ctx: AttentionContext) -> Tensor | None:
-        if self.rel_v is None:
-            return None
         heads = self.head_index(a.device)
         weights = a.index_select(1, heads)
-        b, h, i, _ = weights.shape
-        per_bucket = weights.new_zeros(b, h, i, 2 * self.clip + 1).scatter_add(-1, self._buckets(a, ctx), weights)
+        b, h, i, j = weights.shape
+        buckets = relative_buckets(i, j, ctx.q_offset, self.clip, a.device).expand(b, h, i, j)
+        per_bucket = weights.new_zeros(b, h, i, 2 * self.clip + 1).scatter_add(-1, buckets, weights)
         term = torch.matmul(per_bucket, self.rel_v.weight.to(a.dtype))  # (B, h, I, d_head)
         out = term.new_zeros(b, a.size(1), i, term.size(-1))
         return out.index_copy(1, heads, term)
@@ -150,4 +144,7 @@ class RelativePosition(Method[RelativePositionParams]):
     def make_plugin(self, site: Site) -> AttentionPlugin:
         p = self.p
         cfg = self.model_cfg
-        return RelativePositionPlugin(self.head_list(), cfg.d_model // cfg.n_heads, p.clip, p.values)
+        d_head = cfg.d_model // cfg.n_heads
+        if p.values:
+            return RelativeKeysValuesPlugin(self.head_list(), d_head, p.clip)
+        return RelativeKeysPlugin(self.head_list(), d_head, p.clip)

@@ -32,6 +32,7 @@ from torch import Tensor
 from structnmt.model.methods.base import (
     AttentionContext,
     AttentionPlugin,
+    Effect,
     Method,
     MethodParams,
     Site,
@@ -67,8 +68,7 @@ def scene_average(x: Tensor, scene_mask: Tensor, valid: Tensor, normalise: str) 
 
 
 class SacraPlugin(AttentionPlugin):
-    #: only the keys change: no score matrix is needed and the fused kernel stays usable
-    explicit = False
+    effect = Effect.QUERY_KEY  # only the keys change: the fused kernel stays usable
 
     def __init__(self, heads: list[int], normalise: str) -> None:
         super().__init__(heads)

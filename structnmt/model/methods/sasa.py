@@ -30,6 +30,7 @@ from structnmt.errors import ConfigError
 from structnmt.model.methods.base import (
     AttentionContext,
     AttentionPlugin,
+    Effect,
     Method,
     MethodParams,
     Site,
@@ -85,23 +86,20 @@ def scene_weights(scene_mask: Tensor, scene_dist: Tensor | None, valid: Tensor, 
 
 
 class SasaPlugin(AttentionPlugin):
-    explicit = False  # A·M without renormalising, 0 <= M <= 1: SDPA runs it (``prob_scale``)
+    """A·M without renormalising, 0 <= M <= 1 for every mask kind: a probability scale (SDPA runs it)."""
+
+    effect = Effect.PROB_SCALE
 
     def __init__(self, heads: list[int], mask: str, c: float) -> None:
         super().__init__(heads)
         self.mask = mask
         self.c = c
 
-    def probs(self, a: Tensor, ctx: AttentionContext) -> Tensor:
-        src = ctx.side("src")
-        m = scene_weights(src["scene_mask"], src.get("scene_dist"), src["valid"], self.mask, self.c, a.dtype)
-        return torch.where(head_mask(self.heads, a.size(1), a.device), a * m, a)
-
-    def prob_scale(self, ctx: AttentionContext) -> Tensor:
-        """M of ``probs`` on the owned heads, 1 on the others (every mask kind lies in [0, 1])."""
+    def scale(self, ctx: AttentionContext) -> Tensor:
+        """M on the owned heads, 1 on the others."""
         assert ctx.q is not None
         src = ctx.side("src")
-        m = scene_weights(src["scene_mask"], src.get("scene_dist"), src["valid"], self.mask, self.c, torch.float32)
+        m = scene_weights(src["scene_mask"], src.get("scene_dist"), src["valid"], self.mask, self.c, ctx.q.dtype)
         return torch.where(head_mask(self.heads, ctx.q.size(1), m.device), m, 1.0)
 
 

@@ -67,6 +67,7 @@ class SyncAttn(DBSA):
         super().__init__(params, model_cfg)
         self.sync_layer = params.synchronised_layer(model_cfg.dec_layers)
         self.sync_head_list = resolve_heads(params.sync_heads, model_cfg.n_heads)
+        self._sync_index: dict[torch.device, Tensor] = {}
 
     def _keys(self) -> tuple[RecordKey, RecordKey, RecordKey]:
         layer = self.p.layers[0] - 1
@@ -83,8 +84,11 @@ class SyncAttn(DBSA):
             return {}
         e = at_least_float32(records[enc_key]).mean(1)  # (B, I, I)
         d = at_least_float32(records[dec_key]).mean(1)  # (B, J, J)
-        idx = torch.tensor(self.sync_head_list, device=d.device)
-        c = at_least_float32(records[cross_key].index_select(1, idx)).mean(1)  # (B, J, I)
+        cross = records[cross_key]
+        idx = self._sync_index.get(cross.device)
+        if idx is None:  # made once per device: a host-built index would be copied (and waited for) every step
+            idx = self._sync_index[cross.device] = torch.tensor(self.sync_head_list, device=cross.device)
+        c = at_least_float32(cross.index_select(1, idx)).mean(1)  # (B, J, I)
         return {"syncattn": self.p.lambda_sync * sync_loss(e, d, c, pads["tgt"])}
 
 

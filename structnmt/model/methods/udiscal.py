@@ -18,6 +18,7 @@ from torch import Tensor
 from structnmt.model.methods.base import (
     AttentionContext,
     AttentionPlugin,
+    Effect,
     Method,
     MethodParams,
     Site,
@@ -41,27 +42,22 @@ class UdiscalParams(MethodParams):
 
 
 class UdiscalPlugin(AttentionPlugin):
-    @property
-    def explicit(self) -> bool:  # type: ignore[override]
-        """A·N(dist) without renormalising: SDPA runs it (``prob_scale``) while N <= 1, i.e. σ² >= 1/2π."""
-        return self.variance < 1.0 / (2.0 * math.pi)
+    """A·N(dist; σ²) without renormalising: a probability scale, which SDPA runs while N <= 1,
+    i.e. σ² >= 1/2π."""
+
+    effect = Effect.PROB_SCALE
 
     def __init__(self, heads: list[int], variance: float) -> None:
         super().__init__(heads)
         self.variance = variance
+        self.scale_at_most_one = variance >= 1.0 / (2.0 * math.pi)
 
-    def probs(self, a: Tensor, ctx: AttentionContext) -> Tensor:
-        src = ctx.side("src")
-        weight = normal_density(src["dist"][:, None].to(a.dtype), self.variance)  # (B, 1, I, J)
-        # rows of real tokens over every key; special keys have distance 0 (like PASCAL and Deps-SAN)
-        apply = src["valid"][:, None, :, None] & head_mask(self.heads, a.size(1), a.device)
-        return torch.where(apply, a * weight, a)
-
-    def prob_scale(self, ctx: AttentionContext) -> Tensor:
-        """N(dist; σ²) where ``probs`` scales, 1 elsewhere."""
+    def scale(self, ctx: AttentionContext) -> Tensor:
+        """N(dist; σ²) on the rows of real tokens of the owned heads (over every key: special keys
+        have distance 0, like PASCAL and Deps-SAN), 1 elsewhere."""
         assert ctx.q is not None
         src = ctx.side("src")
-        weight = normal_density(src["dist"][:, None].float(), self.variance)  # (B, 1, I, J)
+        weight = normal_density(src["dist"][:, None].to(ctx.q.dtype), self.variance)  # (B, 1, I, J)
         apply = src["valid"][:, None, :, None] & head_mask(self.heads, ctx.q.size(1), weight.device)
         return torch.where(apply, weight, 1.0)
 
