@@ -226,14 +226,35 @@ class MultiHeadAttention(nn.Module):
         self-attention they grow by one position a step, for cross-attention they are
         computed once from the encoder output.
         """
-        key_input = x if self.is_self else memory
-        q_offset = 0
         ctx = AttentionContext(
             self.site, struct or {}, key_padding, causal, self.training,
             records=records, requested=requested, losses=losses,
-            key_input=key_input, key_proj=self.project_keys,
+            key_input=x if self.is_self else memory, key_proj=self.project_keys,
             state=cache.setdefault("plugin_state", {}) if cache is not None else None,
         )
+        q, k, v = self._project(x, memory, cache, ctx)
+        if cache is not None and self.is_self:
+            ctx.causal = causal and x.size(1) > 1  # one new query sees every cached key
+        q, beams = self._fold_beams(q, k)
+        for plugin in self._qk:
+            q = plugin.queries(q, ctx)
+        ctx.q, ctx.k, ctx.v = q, k, v
+
+        route = self.route(q, k, v, ctx)
+        if route == "flex":
+            out = self._flex(q, k, v, key_padding, ctx.causal, ctx)
+        elif route == "sdpa":
+            out = self._sdpa(q, k, v, key_padding, ctx.causal, ctx)
+        else:
+            out = self._explicit(q, k, v, key_padding, ctx.causal, ctx)
+        b, _, length, _ = out.shape
+        out = out.transpose(1, 2).reshape(b * beams, length // beams, self.d_model)
+        return self.out_proj(out)
+
+    def _project(self, x: Tensor, memory: Tensor | None, cache: dict[str, Any] | None,
+                 ctx: AttentionContext) -> tuple[Tensor, Tensor, Tensor]:
+        """Queries, keys and values (B, H, ·, d_head); keys through the QUERY_KEY plug-ins, and the
+        decoding cache read and extended (``ctx.q_offset`` set to the cached positions)."""
         if self.is_self:
             q, k, v = self.qkv_proj(x).chunk(3, dim=-1)
             q, k, v = self._split(q), self._split(k), self._split(v)
@@ -241,47 +262,33 @@ class MultiHeadAttention(nn.Module):
                 k = plugin.keys(k, ctx)
             if cache is not None:
                 if "k" in cache:
-                    q_offset = cache["k"].size(2)
+                    ctx.q_offset = cache["k"].size(2)
                     k = torch.cat([cache["k"], k], dim=2)
                     v = torch.cat([cache["v"], v], dim=2)
                 cache["k"], cache["v"] = k, v
-                causal = causal and x.size(1) > 1  # one new query sees every cached key
-        else:
-            q = self._split(self.q_proj(x))
-            if cache is not None and "k" in cache:
-                k, v = cache["k"], cache["v"]
-            else:
-                k, v = self.kv_proj(memory).chunk(2, dim=-1)
-                k, v = self._split(k), self._split(v)
-                for plugin in self._qk:
-                    k = plugin.keys(k, ctx)
-                if cache is not None:
-                    cache["k"], cache["v"] = k, v
-        beams = 1
-        if not self.is_self and k.size(0) != q.size(0):  # beam search: a sentence's beams share its source
-            if q.size(0) % k.size(0):
-                raise ValueError(f"cross-attention got {q.size(0)} target rows for {k.size(0)} sources: "
-                                 "expected the same number, or a whole number of beams per source")
-            beams = q.size(0) // k.size(0)
-        if beams > 1:  # the beams become extra queries of their sentence's one copy of the source
-            n, heads, length, d_head = k.size(0), q.size(1), q.size(2), q.size(3)
-            q = q.view(n, beams, heads, length, d_head).transpose(1, 2).reshape(n, heads, beams * length, d_head)
-        ctx.q_offset = q_offset
-        ctx.causal = causal
+            return q, k, v
+        q = self._split(self.q_proj(x))
+        if cache is not None and "k" in cache:
+            return q, cache["k"], cache["v"]
+        k, v = self.kv_proj(memory).chunk(2, dim=-1)
+        k, v = self._split(k), self._split(v)
         for plugin in self._qk:
-            q = plugin.queries(q, ctx)
-        ctx.q, ctx.k, ctx.v = q, k, v
+            k = plugin.keys(k, ctx)
+        if cache is not None:
+            cache["k"], cache["v"] = k, v
+        return q, k, v
 
-        route = self.route(q, k, v, ctx)
-        if route == "flex":
-            out = self._flex(q, k, v, key_padding, causal, ctx)
-        elif route == "sdpa":
-            out = self._sdpa(q, k, v, key_padding, causal, ctx)
-        else:
-            out = self._explicit(q, k, v, key_padding, causal, ctx)
-        b, _, length, _ = out.shape
-        out = out.transpose(1, 2).reshape(b * beams, length // beams, self.d_model)
-        return self.out_proj(out)
+    def _fold_beams(self, q: Tensor, k: Tensor) -> tuple[Tensor, int]:
+        """Beam search's cross-attention: a sentence's beams become extra queries of its one copy
+        of the source (B·beams, H, I, d) -> (B, H, beams·I, d). Returns the queries and the beams."""
+        if self.is_self or k.size(0) == q.size(0):
+            return q, 1
+        if q.size(0) % k.size(0):
+            raise ValueError(f"cross-attention got {q.size(0)} target rows for {k.size(0)} sources: "
+                             "expected the same number, or a whole number of beams per source")
+        beams = q.size(0) // k.size(0)
+        n, heads, length, d_head = k.size(0), q.size(1), q.size(2), q.size(3)
+        return q.view(n, beams, heads, length, d_head).transpose(1, 2).reshape(n, heads, beams * length, d_head), beams
 
     # -- the routes ---------------------------------------------------------------------
     def route(self, q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext) -> str:
