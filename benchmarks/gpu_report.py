@@ -1,56 +1,52 @@
-"""The GPU figures in one command, for a short time on a borrowed GPU with no network.
+"""The GPU figures in one command, for a short loan of a GPU with no network.
 
-    python benchmarks/gpu_report.py                 # on a CUDA machine: under 8 minutes, no network
-    python benchmarks/gpu_report.py --cpu           # the script's own dry run (figures mean nothing)
+    python benchmarks/gpu_report.py                                        # on a CUDA machine: < 8 minutes
+    python benchmarks/gpu_report.py --sections training --precisions fp32  # rerun a part
+    python benchmarks/gpu_report.py --cpu                                  # dry run: every section, tiny sizes
 
-One report, ``benchmarks/results/gpu_report.md`` and ``.json``, rewritten after every figure, so
-that a run cut short keeps what it finished. Every section has its own time budget (a share of
-``--time-limit``, 450 s by default; time a section leaves unused passes to the next ones) and
-checks it before each measurement; what it has no time for is reported as "not measured: why",
-never estimated. Commands it starts are killed at their section's end, and the whole run stops
-at the time limit plus 20 s, writing the report first. The sections are reported in the order
-below and run in the order 1, 2, 4, 5, 6, 3: the training shapes, whose compilations are the
-longest and least predictable part, take whatever time the others leave (``--sections training
---precisions fp32`` reruns what a first run had no time for; inductor's caches make a rerun on
-the same machine compile faster).
+One report, ``benchmarks/results/gpu_report.md`` and ``.json`` (paths printed at the end), rewritten
+after every figure so that a run cut short keeps what it finished. Each section has a share of
+``--time-limit`` (450 s; what a section leaves unused passes to the next ones), checks it before each
+measurement and reports what it had no time for as "not measured: why", never an estimate; the
+report's last table gives each section's budget and the seconds it used. Commands it starts are
+killed at their section's end, and the whole run stops at the limit + 20 s, writing the report first.
+The sections are reported in the order below and run in the order 1, 2, 4, 5, 6, 3: the training
+shapes, whose compilations are the longest and least predictable part, take what the others leave.
 
 1. Machine: GPU, driver, torch, CUDA, cuDNN, Triton, commit.
-2. Matmul peak: the best of square products at 8,192 in bf16, fp32 (TF32 off: torch's default and
-   the toolkit's fp32) and fp32 with TF32 on; and bf16 at ``bench_train.py``'s 1,024/2,048, whose
-   peak is too low (on an H200: 424 against 783 TFLOP/s, so its shares were ~1.8x too kind). Every
-   share of the peak below is against the 8,192 figure of the precision trained in.
-3. Training throughput of the small recipe's shape (3+3 layers, d 256, 4 heads, ff 1024, 4,096
-   target tokens a batch) and the Transformer-big shape (6+6, d 1,024, 16 heads, ff 4,096, 16,384),
-   each in bf16 and fp32, under eager, ``torch.compile`` (the toolkit's ``training.compile``) and
-   CUDA graphs (the same compiled step with inductor's ``triton.cudagraphs``, which is all that
-   ``mode="reduce-overhead"`` sets; the toolkit has no such route yet, so it is measured on the
-   toolkit's own ``Updater`` and model with plain torch). Fixed padded shapes (B x L of random
-   sub-words, no padding), the same for every mode; blocks of updates interleaved eager, compiled,
-   graphs, ``--rounds`` times; the median. FLOP/s: matmul FLOPs counted analytically
-   (``bench_train.batch_matmul_flops``).
-4. Every registered method's training overhead against vanilla on the small shape, eager, in the
-   precision training picks (bf16 on a GPU), on the built-in synthetic task (gold trees on both
-   sides, so every method has its fields): blocks interleaved vanilla/method, ``--rounds`` (>= 3)
-   rounds, the median of the per-round ratios.
-5. ``structnmt train`` (eager, precision auto) for ``--train-steps`` updates, then beam-5 decoding
-   of the test split with that model: sentences/s, model loading excluded, after a warm-up.
-6. Joey NMT 2.3.0 on the same data, vocabulary, shape and GPU in the same run (``bench_joey.py``'s
-   inputs), training and beam-5 decoding, when an interpreter imports joeynmt (this one, or
-   ``--joey-python``); nothing is installed (no network): if none does, the report says how to
-   bring it over as wheels.
+2. Matmul peak: the best square products at 8,192 in bf16, fp32 (TF32 off: torch's default and the
+   toolkit's fp32) and TF32; and bf16 at 1,024/2,048, the sizes ``bench_train.py`` once used on GPUs
+   too (H200: 424 against 783 TFLOP/s). Every share of the peak below is against the 8,192 figure.
+3. Training throughput of the small recipe's shape (``configs/multi30k_en_de_transformer.yaml``) and
+   the Transformer-big shape (6+6 layers, d 1,024, 16 heads, ff 4,096, 16,384 target tokens an update),
+   each in bf16 and fp32, under eager (``training.compile: off``), compiled (``on``) and CUDA graphs
+   (``training.compile: on`` and ``training.cuda_graphs: on``, "not available at this commit" where
+   the config has no such key): the toolkit's ``Updater`` on one fixed batch, blocks of updates
+   interleaved across the modes, ``--rounds`` rounds, the median; matmul FLOP/s counted analytically
+   (``bench_train.batch_matmul_flops``) and its share of the peak.
+4. Every registered method's training overhead against vanilla on the small shape, eager, precision
+   auto, on the built-in synthetic task (gold trees on both sides, so every method has its fields):
+   blocks interleaved vanilla/method, ``--rounds`` (>= 3) rounds; the median and the spread.
+5. ``structnmt train`` (eager, precision auto) for ``--train-steps`` updates, then beam-5 decoding of
+   the test split with that model: sentences/s, model loading excluded, after a warm-up.
+6. Joey NMT 2.3.0 on the same data, vocabulary, shape and device in the same run (``bench_joey.py``'s
+   inputs), training and beam-5 decoding beside section 5's figures, when an interpreter imports
+   joeynmt (this one, ``benchmarks/envs/joey``, or ``--joey-python``); nothing is installed (no
+   network): otherwise the report says "not installed" and how to bring it over as wheels.
 
 Sections 5 and 6 train on the prepared Multi30k data when it is here (``--dataset``, else
-``data/multi30k_en_de_plain`` or ``data/multi30k_en_de``) and say which; otherwise, like section 4
-always, on the synthetic task, prepared by the script in seconds. Without CUDA (and without ``--cpu``) the
-script says so and exits 0. ``--cpu`` runs every section on the CPU with tiny sizes and one round
-(dynamo with its ``eager`` backend stands in for the compilers): it tests the script
-(``tests/test_gpu_report.py``), and its figures mean nothing.
+``data/multi30k_en_de_plain`` or ``data/multi30k_en_de``) and otherwise on the synthetic task, and
+say which. Without CUDA (and without ``--cpu``) the script says so and exits 0. ``--cpu`` runs every
+section's code on the CPU with tiny sizes, torch.compile taking dynamo's ``eager`` backend (the
+toolkit's own compile route, no code generated): it is what ``tests/test_gpu_report.py`` runs, and
+its figures mean nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import gc
 import json
 import math
@@ -89,6 +85,7 @@ HEADINGS = {
 RUN_ORDER = ["peak", "methods", "decoding", "joey", "training"]
 #: each section's share of the time limit (what one leaves unused passes to the next)
 BUDGET = {"peak": 0.03, "methods": 0.17, "decoding": 0.12, "joey": 0.20, "training": 0.48}
+JOEY_ABSENT = "not measured: Joey NMT is not installed"
 JOEY_INSTALL = (
     "To bring it to a machine without network: on a machine with network and the same Python version, "
     "`python -m pip wheel -w joey-wheels joeynmt==2.3.0 'importlib_metadata<10' sentencepiece==0.2.0` "
@@ -97,6 +94,8 @@ JOEY_INSTALL = (
     "joeynmt==2.3.0 'importlib_metadata<10' sentencepiece==0.2.0` (into this interpreter, or a venv made "
     "with `--system-site-packages` and named with `--joey-python`). importlib_metadata 10.x needs "
     "lazy_importer, hence the pin.")
+#: the words of a variant this commit's toolkit has no setting for (training.cuda_graphs)
+NOT_AVAILABLE = "not available at this commit"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,11 +115,10 @@ class Shape:
     def batch(self) -> int:
         return self.tokens // self.length
 
-    def model_config(self, **kw: Any) -> Any:
-        from structnmt.config import ModelConfig
-
-        return ModelConfig(enc_layers=self.enc, dec_layers=self.dec, d_model=self.d, n_heads=self.heads,
-                           d_ff=self.ff, dropout=self.dropout, **kw)
+    def model_config(self) -> Any:
+        """The small recipe's model section (norm, tied embeddings, positions) at this shape."""
+        return dataclasses.replace(recipe().model, enc_layers=self.enc, dec_layers=self.dec, d_model=self.d,
+                                   n_heads=self.heads, d_ff=self.ff, dropout=self.dropout, methods=[])
 
     def describe(self) -> str:
         return (f"{self.name}: {self.enc}+{self.dec} layers, d_model {self.d:,}, {self.heads} heads, ff {self.ff:,}, "
@@ -128,19 +126,27 @@ class Shape:
                 f"{self.tokens:,} target tokens an update")
 
 
-SHAPES = {
-    "small": Shape("small recipe", 3, 3, 256, 4, 1024, 8000, 32, 4096, 0.2),
-    "big": Shape("Transformer-big", 6, 6, 1024, 16, 4096, 32000, 64, 16384, 0.3),
-}
-DRY_SHAPES = {
-    "small": Shape("small recipe (dry run: tiny)", 1, 1, 32, 4, 64, 300, 8, 64, 0.2),
-    "big": Shape("Transformer-big (dry run: tiny)", 1, 1, 64, 4, 128, 500, 16, 128, 0.3),
-}
+@functools.cache
+def recipe() -> Any:
+    """``configs/multi30k_en_de_transformer.yaml``, the small vanilla recipe."""
+    from structnmt import load_config
+
+    return load_config(bench_train.BASE_CONFIG)
+
+
+def shapes(dry: bool) -> dict[str, Shape]:
+    if dry:
+        return {"small": Shape("small recipe (dry run: tiny)", 1, 1, 32, 4, 64, 300, 8, 64, 0.2),
+                "big": Shape("Transformer-big (dry run: tiny)", 1, 1, 64, 4, 128, 500, 16, 128, 0.3)}
+    m, cfg = recipe().model, recipe()
+    return {"small": Shape("small recipe", m.enc_layers, m.dec_layers, m.d_model, m.n_heads, m.d_ff,
+                           cfg.data.subwords.vocab_size, 32, cfg.training.max_tokens, m.dropout),
+            "big": Shape("Transformer-big", 6, 6, 1024, 16, 4096, 32000, 64, 16384, 0.3)}
+
+
 MODES = ("eager", "compiled", "graphs")
 MODE_LABEL = {"eager": "eager", "compiled": "torch.compile (training.compile: on)",
-              "graphs": "CUDA graphs (compile + triton.cudagraphs)"}
-DRY_MODE_LABEL = {"eager": "eager", "compiled": "dynamo, eager backend (dry run)",
-                  "graphs": "dynamo, eager backend (dry run; no graphs on a CPU)"}
+              "graphs": "CUDA graphs (training.cuda_graphs: on)"}
 
 
 class TimeUp(BaseException):
@@ -149,6 +155,10 @@ class TimeUp(BaseException):
 
 def _time_up(signum: int, frame: Any) -> None:
     raise TimeUp()
+
+
+class NotMeasured(Exception):
+    """A figure that cannot be measured here, and why."""
 
 
 # ---------------------------------------------------------------------------
@@ -165,6 +175,9 @@ class Section:
     rows: list[list[Any]] = dataclasses.field(default_factory=list)
     notes: list[str] = dataclasses.field(default_factory=list)
     data: dict[str, Any] = dataclasses.field(default_factory=dict)
+    budget_s: float | None = None  # its share of the time limit
+    until_s: float | None = None  # the latest it could run to, in seconds after the start
+    seconds: float | None = None  # what it used
 
     def body(self) -> str:
         parts = [] if self.status == "done" else [f"**{self.status}**"]
@@ -176,31 +189,43 @@ class Section:
 
     def as_json(self) -> dict[str, Any]:
         return {"heading": self.heading, "status": self.status, "text": self.text,
-                "table": [dict(zip(self.header, row)) for row in self.rows], "notes": self.notes, "data": self.data}
+                "table": [dict(zip(self.header, row)) for row in self.rows], "notes": self.notes, "data": self.data,
+                "budget_s": self.budget_s, "until_s": self.until_s, "seconds": self.seconds}
 
 
 class Report:
     """The Markdown report and its JSON twin, both rewritten whole (atomically) on every ``save``."""
 
-    def __init__(self, out: Path, dry: bool, machine: dict[str, Any], keys: list[str]) -> None:
-        self.out, self.dry, self.machine = out, dry, machine
+    def __init__(self, out: Path, dry: bool, machine: dict[str, Any], keys: list[str], time_limit: float) -> None:
+        self.out, self.dry, self.machine, self.time_limit = out, dry, machine, time_limit
         self.sections = {key: Section(key, HEADINGS[key]) for key in HEADINGS}
         for key in HEADINGS:
             if key not in keys:
                 self.sections[key].status = "not run: left out by --sections"
         self.started = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+        self.began = time.monotonic()
 
-    def save(self) -> Path:
+    def timing(self) -> str:
+        rows = [[s.heading, f"{s.budget_s:.0f}", f"{s.until_s:.0f}",
+                 "-" if s.seconds is None else f"{s.seconds:.1f}"]
+                for s in self.sections.values() if s.budget_s is not None]
+        return (f"Time limit {self.time_limit:.0f} s (+{GRACE_S} s grace), {time.monotonic() - self.began:.0f} s "
+                "so far; each section has its share, and may also run on into what the sections before it left.\n\n"
+                + common.markdown_table(["section (in the order run)", "budget (s)", "latest end (s after start)",
+                                         "used (s)"], sorted(rows, key=lambda r: float(r[2]))))
+
+    def save(self) -> tuple[Path, Path]:
         from structnmt.io import atomic_write_text
 
-        title = "GPU report" + (" (CPU dry run: tiny sizes, one round; the figures mean nothing)" if self.dry else "")
+        title = "GPU report" + (" (CPU dry run: tiny sizes; the figures mean nothing)" if self.dry else "")
         self.out.mkdir(parents=True, exist_ok=True)
-        path = common.write_report(NAME, title, [(s.heading, s.body()) for s in self.sections.values()],
-                                   self.machine, out_dir=self.out)
+        parts = [(s.heading, s.body()) for s in self.sections.values()] + [("Time per section", self.timing())]
+        path = common.write_report(NAME, title, parts, self.machine, out_dir=self.out)
         data = {"title": title, "started": self.started, "command": common.command_line(), "dry_run": self.dry,
+                "time_limit_s": self.time_limit, "elapsed_s": time.monotonic() - self.began,
                 "machine": self.machine, "sections": {k: s.as_json() for k, s in self.sections.items()}}
         atomic_write_text(self.out / f"{NAME}.json", json.dumps(data, indent=1, default=str) + "\n")
-        return path
+        return path, self.out / f"{NAME}.json"
 
 
 @dataclasses.dataclass
@@ -217,6 +242,11 @@ class Run:
     structnmt: dict[str, Any] = dataclasses.field(default_factory=dict)  # section 5's figures, for section 6
     data_choice: tuple | None = None
 
+    @property
+    def block_s(self) -> float:
+        """The length of a timed block: about a second of updates (the dry run: a few updates)."""
+        return 0.02 if self.dry else 1.0
+
     def sync(self) -> None:
         if self.device.type == "cuda":
             import torch
@@ -232,6 +262,11 @@ def fmt_flops(value: float) -> str:
     return f"{value / 1e12:,.1f} TFLOP/s" if value >= 1e12 else f"{value / 1e9:,.2f} GFLOP/s"
 
 
+def remember_error(sec: Section, what: str, err: BaseException) -> None:
+    """The end of an error's whole text, in the JSON report (the Markdown gives its first line)."""
+    sec.data.setdefault("errors", []).append(f"{what}: {type(err).__name__}: {str(err)[-2000:]}")
+
+
 # ---------------------------------------------------------------------------
 # 1. machine
 
@@ -244,10 +279,22 @@ def _quiet(cmd: list[str], timeout: float = 15) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def driver_of(smi: str | None, proc_version: str | None) -> str:
+    """The driver line from ``nvidia-smi --query-gpu=driver_version,clocks.max.sm,power.limit``'s
+    output, else from ``/proc/driver/nvidia/version``'s first line."""
+    if smi:
+        driver, clock, power = (part.strip() for part in (smi.splitlines()[0].split(",") + ["?", "?"])[:3])
+        return f"{driver} (nvidia-smi); max SM clock {clock}, power limit {power}"
+    if proc_version:
+        return f"{proc_version.splitlines()[0].strip()} (no nvidia-smi)"
+    return "unknown (no nvidia-smi, no /proc/driver/nvidia/version)"
+
+
 def machine_info(dry: bool) -> dict[str, Any]:
     import torch
 
     info = common.machine()
+    info["driver"] = "none (no CUDA device)"
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
         info["gpu"] = (f"{props.name}, {props.total_memory / 2**30:.0f} GiB, compute capability "
@@ -255,15 +302,11 @@ def machine_info(dry: bool) -> dict[str, Any]:
                        f"{torch.cuda.device_count()} visible")
         smi = _quiet(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit",
                       "--format=csv,noheader"]) if shutil.which("nvidia-smi") else None
-        if smi:
-            driver, clock, power = (part.strip() for part in (smi.splitlines()[0].split(",") + ["", ""])[:3])
-            info["driver"] = f"{driver} (nvidia-smi); max SM clock {clock}, power limit {power}"
-        else:
-            try:
-                first = Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
-                info["driver"] = f"{first.strip()} (no nvidia-smi)"
-            except (OSError, IndexError):
-                info["driver"] = "unknown (no nvidia-smi, no /proc/driver/nvidia/version)"
+        try:
+            proc = Path("/proc/driver/nvidia/version").read_text()
+        except OSError:
+            proc = None
+        info["driver"] = driver_of(smi, proc)
         get_driver = getattr(torch._C, "_cuda_getDriverVersion", None)
         if get_driver:
             version = get_driver()
@@ -282,8 +325,9 @@ def machine_info(dry: bool) -> dict[str, Any]:
         info["commit"] = commit + (" with uncommitted changes" if dirty else "")
     else:
         info["commit"] = "unknown (no git repository here)"
+    info["training.cuda_graphs"] = "a config key here" if cuda_graphs_known() else NOT_AVAILABLE
     if dry:
-        info["mode"] = "CPU dry run (--cpu): tiny sizes, one round; every figure is meaningless"
+        info["mode"] = "CPU dry run (--cpu): tiny sizes; every figure is meaningless"
     return info
 
 
@@ -292,10 +336,11 @@ def machine_info(dry: bool) -> dict[str, Any]:
 
 
 PEAKS = [  # key, label, dtype, TF32, sizes
-    ("bf16", "bf16", "bfloat16", None, (8192,)),
-    ("fp32", "fp32, TF32 off (torch's default: the toolkit's fp32)", "float32", False, (8192,)),
-    ("tf32", "fp32, TF32 on", "float32", True, (8192,)),
-    ("bf16_small", "bf16 at 1,024 and 2,048 (bench_train.py's sizes)", "bfloat16", None, (1024, 2048)),
+    ("bf16", "bf16", "bfloat16", None, common.GPU_PEAK_SIZES),
+    ("fp32", "fp32, TF32 off (torch's default: the toolkit's fp32)", "float32", False, common.GPU_PEAK_SIZES),
+    ("tf32", "fp32, TF32 on", "float32", True, common.GPU_PEAK_SIZES),
+    ("bf16_small", "bf16 at 1,024 and 2,048 (bench_train.py's sizes on GPUs before issue 41)", "bfloat16", None,
+     (1024, 2048)),
 ]
 
 
@@ -312,8 +357,7 @@ def measure_peak(run: Run, key: str) -> float:
     if tf32 is not None:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     try:
-        peak = common.measure_matmul_peak(run.device.type, dtype, sizes, repeats=1 if run.dry else 10,
-                                          max_seconds=2 if run.dry else 8)
+        peak = common.measure_matmul_peak(run.device.type, dtype, sizes, repeats=10, max_seconds=2 if run.dry else 8)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = before
     run.peaks[key] = peak
@@ -323,7 +367,7 @@ def measure_peak(run: Run, key: str) -> float:
 def section_peak(run: Run, sec: Section, deadline: float) -> None:
     sec.text.append("Best of 10 square matrix products at each size (one warm-up first), timed with a device "
                     "synchronisation: the ceiling every share below is held to."
-                    + (" Dry run: sizes / 32, one product." if run.dry else ""))
+                    + (" Dry run: sizes / 32." if run.dry else ""))
     sec.header = ["precision", "size", "peak", "share of the bf16 8,192 peak"]
     for key, label, _, _, sizes in PEAKS:
         if time.monotonic() > deadline:
@@ -338,8 +382,8 @@ def section_peak(run: Run, sec: Section, deadline: float) -> None:
         run.report.save()
     if "bf16" in run.peaks and "bf16_small" in run.peaks:
         ratio = run.peaks["bf16"] / run.peaks["bf16_small"]
-        sec.notes.append(f"A share of the peak taken against bench_train.py's sizes is {ratio:.2f}x the share "
-                         "against the 8,192 peak.")
+        sec.notes.append(f"A share of the peak taken against the 1,024/2,048 peak is {ratio:.2f}x the share "
+                         "against the 8,192 peak (`bench_train.py` now measures its GPU peak at 8,192).")
 
 
 # ---------------------------------------------------------------------------
@@ -363,51 +407,42 @@ def fixed_batch(shape: Shape, device: Any, seed: int = 1) -> Any:
     return Batch(src, tgt_in, tgt_out).to(device)
 
 
-def training_config(precision: str, compile: str = "off", **kw: Any) -> Any:
-    """The small recipe's optimiser settings (Adam, schedule, clipping, label smoothing)."""
-    from structnmt import load_config
+def cuda_graphs_known() -> bool:
+    """Whether this commit's config has ``training.cuda_graphs``."""
+    from structnmt.config import TrainingConfig
 
-    base = load_config(bench_train.BASE_CONFIG).training
-    return dataclasses.replace(base, precision=precision, compile=compile, **kw)
+    return "cuda_graphs" in {f.name for f in dataclasses.fields(TrainingConfig)}
+
+
+def training_config(precision: str, compile: str = "off", cuda_graphs: str = "off", **sets: Any) -> Any:
+    """The small recipe's training section (Adam, schedule, clipping, label smoothing) with these
+    settings, read by ``load_config`` as a user's ``--set`` would be. ``training.cuda_graphs`` goes in
+    where the config knows it or where it is asked for; a config that does not know it raises
+    :class:`NotMeasured` saying so, not a ``ConfigError``."""
+    from structnmt import ConfigError, load_config
+
+    overrides = {"training.precision": precision, "training.compile": compile,
+                 **{f"training.{k}": v for k, v in sets.items()}}
+    if cuda_graphs != "off" or cuda_graphs_known():
+        overrides["training.cuda_graphs"] = cuda_graphs
+    try:
+        return load_config(bench_train.BASE_CONFIG, overrides).training
+    except ConfigError as err:
+        if "training.cuda_graphs" in str(err) and "unknown field" in str(err):
+            raise NotMeasured(f"{NOT_AVAILABLE} (training.cuda_graphs is not a key of its config)") from None
+        raise
 
 
 def make_updater(run: Run, model: Any, precision: str, mode: str) -> Any:
-    """The toolkit's ``Updater`` for one mode; raises ``NotMeasured`` where the mode cannot run."""
-    import torch
-
-    from structnmt.training.compiled import INDUCTOR_OPTIONS, compile_unavailable
+    """The toolkit's ``Updater`` for one mode, configured as a user would; raises ``NotMeasured``
+    where the mode cannot run here."""
     from structnmt.training.updater import Updater
 
-    if run.dry or mode == "eager":
-        updater = Updater(model, training_config(precision), run.device)
-        if mode != "eager":  # the dry run traces the same function with dynamo, generating no code
-            updater._step = torch.compile(updater._forward_loss, backend="eager",
-                                          dynamic=None if mode == "compiled" else False)
-        return updater
-    if mode == "compiled":
-        updater = Updater(model, training_config(precision, "on"), run.device)
-        if not updater.compiled:
-            raise NotMeasured(updater.compile_reason)
-        return updater
-    why = compile_unavailable(run.device)
-    if why:
-        raise NotMeasured(why)
-    updater = Updater(model, training_config(precision), run.device)
-    # mode="reduce-overhead" is {"triton.cudagraphs": True}; torch.compile takes a mode or options,
-    # not both, so the toolkit's options (fallback_random) go with it here: the same graph as
-    # "compiled", replayed as CUDA graphs
-    updater._step = torch.compile(updater._forward_loss, dynamic=False,
-                                  options={**INDUCTOR_OPTIONS, "triton.cudagraphs": True})
+    cfg = training_config(precision, "off" if mode == "eager" else "on", "on" if mode == "graphs" else "off")
+    updater = Updater(model, cfg, run.device)
+    if mode != "eager" and not updater.compiled:
+        raise NotMeasured(updater.compile_reason)
     return updater
-
-
-def remember_error(sec: Section, what: str, err: BaseException) -> None:
-    """The end of an error's whole text, in the JSON report (the Markdown gives its first line)."""
-    sec.data.setdefault("errors", []).append(f"{what}: {type(err).__name__}: {str(err)[-2000:]}")
-
-
-class NotMeasured(Exception):
-    """A figure that cannot be measured here, and why."""
 
 
 def timed_updates(run: Run, updater: Any, batch: Any, n: int, graphs: bool) -> float:
@@ -423,51 +458,58 @@ def timed_updates(run: Run, updater: Any, batch: Any, n: int, graphs: bool) -> f
     return time.perf_counter() - started
 
 
+def warm_up(run: Run, shape: Shape, precision: str, mode: str, batch: Any) -> tuple[Any, float]:
+    """(updater, seconds of its first three updates, compilation included); ``NotMeasured`` where the
+    mode did not run as asked. Each mode trains its own model from the same initialisation (so that
+    no mode's compiled graph is reused by another)."""
+    import torch
+
+    from structnmt.model.transformer import Transformer
+
+    torch.manual_seed(1)
+    updater = make_updater(run, Transformer(shape.model_config(), shape.vocab, shape.vocab), precision, mode)
+    warm = timed_updates(run, updater, batch, 3, mode == "graphs")
+    if mode != "eager" and not updater.compiled:
+        raise NotMeasured("compiling failed, the update fell back to eager: " + "; ".join(updater.notes))
+    if mode == "graphs" and not run.dry and getattr(updater, "cuda_graphs", None) is False:
+        raise NotMeasured("the update ran without CUDA graphs: " + str(getattr(updater, "cuda_graphs_reason", "")))
+    return updater, warm
+
+
 def training_cell(run: Run, sec: Section, shape_key: str, precision: str, deadline: float,
                   compile_estimate: dict[str, float]) -> None:
     """One shape in one precision under every mode: warm-ups (compilations), then interleaved blocks."""
     import torch
+    from torch._dynamo.utils import counters
 
-    from structnmt.model.transformer import Transformer
     from structnmt.training.compiled import graphs_compiled
 
-    shape = (DRY_SHAPES if run.dry else SHAPES)[shape_key]
-    label = DRY_MODE_LABEL if run.dry else MODE_LABEL
+    shape = shapes(run.dry)[shape_key]
     peak_key = "bf16" if precision == "bf16" else ("tf32" if run.args.tf32 else "fp32")
     peak = run.peaks.get(peak_key) or measure_peak(run, peak_key)
-    cfg = shape.model_config()
-    flops = bench_train.batch_matmul_flops(cfg, shape.vocab, shape.batch, shape.length, shape.length)
-    torch.manual_seed(1)
-    model = Transformer(cfg, shape.vocab, shape.vocab)
+    flops = bench_train.batch_matmul_flops(shape.model_config(), shape.vocab, shape.batch, shape.length,
+                                           shape.length)
     batch = fixed_batch(shape, run.device)
     done: dict[str, dict[str, Any]] = {}
     missing: dict[str, str] = {}
-    per_update = 0.0
-    steps = 1
+    per_update = steps = 1
     for mode in MODES:
-        if mode != "eager" and not run.dry:
-            estimate = compile_estimate.get(shape_key, 60.0 if shape_key == "big" else 40.0)
-            if time.monotonic() + estimate > deadline:
-                missing[mode] = f"not measured: the section's time budget ran out (a compile takes ~{estimate:.0f} s)"
-                continue
-        from torch._dynamo.utils import counters
-
-        skips = counters["inductor"]["cudagraph_skips"]
-        graphs_before = graphs_compiled()
+        estimate = compile_estimate.get(shape_key, 60.0 if shape_key == "big" else 40.0) if not run.dry else 0.0
+        if mode != "eager" and time.monotonic() + estimate > deadline:
+            missing[mode] = f"not measured: the section's time budget ran out (a compile takes ~{estimate:.0f} s)"
+            continue
+        skips, graphs_before = counters["inductor"]["cudagraph_skips"], graphs_compiled()
         if run.device.type == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
+        resident = torch.cuda.memory_allocated() if run.device.type == "cuda" else 0  # the other modes' models
         try:
-            updater = make_updater(run, model, precision, mode)
-            warm = timed_updates(run, updater, batch, 1, mode == "graphs" and not run.dry)
-            warm += timed_updates(run, updater, batch, 1 if run.dry else 2, mode == "graphs" and not run.dry)
-            if mode == "compiled" and not run.dry and not updater.compiled:
-                raise NotMeasured("compiling failed, the update fell back to eager: " + "; ".join(updater.notes))
-            if mode == "eager":  # the block length: about a second of eager updates
+            updater, warm = warm_up(run, shape, precision, mode, batch)
+            if mode == "eager":  # the block length: about run.block_s of eager updates
                 per_update = timed_updates(run, updater, batch, 1, False)
-                steps = 1 if run.dry else max(3, min(40, math.ceil(1.0 / max(per_update, 1e-6))))
+                steps = max(3, min(40, math.ceil(run.block_s / max(per_update, 1e-6))))
         except NotMeasured as err:
-            missing[mode] = f"not measured: {err}"
+            missing[mode] = str(err) if str(err).startswith(NOT_AVAILABLE) else f"not measured: {err}"
             continue
         except Exception as err:  # one mode's failure (compiler, memory) must not hide the others
             missing[mode] = f"not measured: {one_line(err)}"
@@ -480,27 +522,24 @@ def training_cell(run: Run, sec: Section, shape_key: str, precision: str, deadli
         done[mode] = {"updater": updater, "warm_s": warm, "rates": [],
                       "graphs": graphs_compiled() - graphs_before,
                       "skips": counters["inductor"]["cudagraph_skips"] - skips,
-                      "memory": torch.cuda.max_memory_allocated() if run.device.type == "cuda" else None}
+                      "memory": torch.cuda.max_memory_allocated() - resident if run.device.type == "cuda" else None}
         print(f"{shape_key} {precision} {mode}: warm-up {warm:.1f} s", flush=True)
-    rounds = 0
     for r in range(run.args.rounds):
-        block = 1.5 * len(done) * steps * per_update  # eager is the slowest mode
-        if r and time.monotonic() + block > deadline:
+        if r and time.monotonic() + 1.5 * len(done) * steps * per_update > deadline:  # eager is the slowest
             sec.notes.append(f"{shape.name}, {precision}: {r} round(s) of {run.args.rounds}: the budget ran out.")
             break
         order = list(done)[r % max(len(done), 1):] + list(done)[: r % max(len(done), 1)]
         for mode in order:
-            seconds = timed_updates(run, done[mode]["updater"], batch, steps, mode == "graphs" and not run.dry)
+            seconds = timed_updates(run, done[mode]["updater"], batch, steps, mode == "graphs")
             done[mode]["rates"].append(steps * shape.tokens / seconds)
-        rounds += 1
     eager_rate = statistics.median(done["eager"]["rates"]) if done.get("eager", {}).get("rates") else None
     for mode in MODES:
-        name = label[mode]
+        name = MODE_LABEL[mode] + (" (dry run: dynamo's eager backend)" if run.dry and mode != "eager" else "")
+        cell = {"shape": shape_key, "precision": precision, "mode": mode}
         if mode in missing or not done.get(mode, {}).get("rates"):
-            sec.rows.append([shape.name, precision, name, missing.get(mode, "not measured: no timed block"),
-                             "", "", "", "", "", ""])
-            sec.data.setdefault("cells", []).append({"shape": shape_key, "precision": precision, "mode": mode,
-                                                     "not_measured": missing.get(mode, "no timed block")})
+            why = missing.get(mode, "not measured: no timed block")
+            sec.rows.append([shape.name, precision, name, why, "", "", "", "", "", ""])
+            sec.data.setdefault("cells", []).append({**cell, "not_measured": why})
             continue
         entry = done[mode]
         rate = statistics.median(entry["rates"])
@@ -513,11 +552,11 @@ def training_cell(run: Run, sec: Section, shape_key: str, precision: str, deadli
                          f"{rate / eager_rate:.2f}x" if eager_rate else "", note,
                          common.mib(entry["memory"]) if entry["memory"] is not None else "-"])
         sec.data.setdefault("cells", []).append({
-            "shape": shape_key, "precision": precision, "mode": mode, "tokens_per_s": rate, "rates": entry["rates"],
-            "steps_per_block": steps, "rounds": rounds, "matmul_flops_per_update": flops, "achieved_flops": achieved,
-            "peak": peak, "peak_kind": peak_key, "warm_up_s": entry["warm_s"], "graphs": entry["graphs"],
+            **cell, "tokens_per_s": rate, "rates": entry["rates"], "steps_per_block": steps,
+            "matmul_flops_per_update": flops, "achieved_flops": achieved, "peak": peak, "peak_kind": peak_key,
+            "share_of_peak": achieved / peak, "warm_up_s": entry["warm_s"], "graphs": entry["graphs"],
             "cudagraph_skips": entry["skips"], "peak_memory": entry["memory"]})
-    del done, model, batch
+    del done, batch
     torch._dynamo.reset()  # frees the compiled graphs (and CUDA graph pools) before the next shape
     gc.collect()
     if run.device.type == "cuda":
@@ -527,21 +566,22 @@ def training_cell(run: Run, sec: Section, shape_key: str, precision: str, deadli
 def section_training(run: Run, sec: Section, deadline: float) -> None:
     import torch
 
-    shapes = DRY_SHAPES if run.dry else SHAPES
+    sizes = shapes(run.dry)
     torch.backends.cuda.matmul.allow_tf32 = bool(run.args.tf32)
     torch._dynamo.config.recompile_limit = 256  # many models through one compiled function
     torch._dynamo.config.accumulated_recompile_limit = 1024
     fp32_peak = "fp32 with TF32 on" if run.args.tf32 else "fp32 (TF32 off, torch's default, as the toolkit trains)"
     sec.text.append(
         "Each update is the toolkit's `Updater.update` (forward, label-smoothed loss, backward, clipping, Adam, "
-        "schedule) on one fixed batch already on the device. Shapes: "
-        + "; ".join(shapes[k].describe() for k in run.args.shapes) + ". "
-        f"Blocks of updates (about a second of eager updates each) interleaved across the modes, "
+        "schedule) on one fixed batch already on the device, its training settings those of "
+        f"`{bench_train.BASE_CONFIG}` with `training.compile` and `training.cuda_graphs` as the mode names. "
+        "Shapes: " + "; ".join(sizes[k].describe() for k in run.args.shapes) + ". "
+        f"Blocks of updates (about {run.block_s:g} s of eager updates each) interleaved across the modes, "
         f"{run.args.rounds} round(s), the median. Achieved FLOP/s: the analytic matmul FLOPs of the batch "
         f"(bench_train.py's count, x3 for the backward) over the time; share against the 8,192 peak of the "
-        f"precision (bf16; {fp32_peak}). Warm-up: the updates before the timed blocks, compilation included; "
-        "memory: "
-        "`torch.cuda.max_memory_allocated` from the mode's warm-up on.")
+        f"precision (bf16; {fp32_peak}). Warm-up: the first three updates, compilation included; memory: "
+        "the mode's own (model, optimiser, activations): `torch.cuda.max_memory_allocated` over its warm-up, less "
+        "what the modes before it held.")
     sec.header = ["shape", "precision", "mode", "target tokens/s", "ms/update", "matmul FLOP/s", "share of peak",
                   "against eager", "warm-up", "peak memory"]
     estimate: dict[str, float] = {}
@@ -549,14 +589,14 @@ def section_training(run: Run, sec: Section, deadline: float) -> None:
         for shape_key in run.args.shapes:
             if time.monotonic() > deadline:
                 for mode in MODES:
-                    sec.rows.append([shapes[shape_key].name, precision, MODE_LABEL[mode],
+                    sec.rows.append([sizes[shape_key].name, precision, MODE_LABEL[mode],
                                      "not measured: the section's time budget ran out", "", "", "", "", "", ""])
                 continue
             try:
                 training_cell(run, sec, shape_key, precision, deadline, estimate)
             except Exception as err:  # the other cells still run
                 remember_error(sec, f"{shape_key} {precision}", err)
-                sec.rows.append([shapes[shape_key].name, precision, "all modes", f"not measured: {one_line(err)}",
+                sec.rows.append([sizes[shape_key].name, precision, "all modes", f"not measured: {one_line(err)}",
                                  "", "", "", "", "", ""])
                 print(f"{shape_key} {precision}: {one_line(err)}", flush=True)
                 torch._dynamo.reset()
@@ -580,7 +620,7 @@ def synthetic_dataset(run: Run) -> Path:
 def method_size(run: Run) -> dict[str, Any]:
     if run.dry:  # the registry's own tiny model (two layers a side: some cases name layer 2)
         return {"enc_layers": 2, "dec_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64, "dropout": 0.2}
-    s = SHAPES["small"]
+    s = shapes(False)["small"]
     return {"enc_layers": s.enc, "dec_layers": s.dec, "d_model": s.d, "n_heads": s.heads, "d_ff": s.ff,
             "dropout": s.dropout}
 
@@ -616,11 +656,12 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
         f"({size['enc_layers']}+{size['dec_layers']} layers, d_model {size['d_model']}, ff {size['d_ff']}), eager, "
         f"{precision} (training.precision auto). A round is one vanilla block and one method block on the same "
         f"batches, in alternating order, collation included as in the trainer; the overhead is 1 - the median of "
-        f"the rounds' method/vanilla ratios ({run.args.rounds} round(s)).")
+        f"the rounds' method/vanilla ratios ({run.args.rounds} round(s)); the spread, the lowest and the highest "
+        "round's overhead.")
     if uncovered:
         sec.notes.append(f"Registered methods with no case: {', '.join(uncovered)}.")
     sec.header = ["case", "methods", "tokens/s", "vanilla tokens/s (same rounds)", "overhead (median)",
-                  "per-round method/vanilla", "within 10%"]
+                  "spread (min … max)", "rounds", "within 10%"]
 
     def variant(case: str) -> Any:
         torch.manual_seed(1)
@@ -640,7 +681,7 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
     for case in cases:
         entries = "; ".join(describe_entry(e) for e in all_cases()[case])
         if time.monotonic() + estimate > deadline:
-            sec.rows.append([case, entries, "not measured: the section's time budget ran out", "", "", "", ""])
+            sec.rows.append([case, entries, "not measured: the section's time budget ran out", "", "", "", "", ""])
             continue
         began = time.monotonic()
         try:
@@ -648,7 +689,7 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
             started = time.perf_counter()
             bench_train.run_block(method, ds, batches[:2])  # warm-up: two updates
             per_update = max((time.perf_counter() - started) / 2, vanilla_update)
-            steps = 1 if run.dry else max(2, min(8, math.ceil(0.5 / per_update)))
+            steps = max(2, min(8, math.ceil(run.block_s / 2 / per_update)))
             ratios, rates, vanilla_rates = [], [], []
             for r in range(run.args.rounds):
                 if r and time.monotonic() > deadline:
@@ -662,17 +703,19 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
                 vanilla_rates.append(v_rate)
         except Exception as err:  # one method's failure must not hide the others'
             remember_error(sec, case, err)
-            sec.rows.append([case, entries, f"not measured: {one_line(err)}", "", "", "", ""])
+            sec.rows.append([case, entries, f"not measured: {one_line(err)}", "", "", "", "", ""])
             print(f"{case}: {one_line(err)}", flush=True)
             continue
         finally:
             estimate = max(estimate, time.monotonic() - began)
         ratio = statistics.median(ratios)
+        spread = [1 - max(ratios), 1 - min(ratios)]
         sec.rows.append([case, entries, fmt_rate(statistics.median(rates)), fmt_rate(statistics.median(vanilla_rates)),
-                         f"{100 * (1 - ratio):+.1f}%" + ("" if len(ratios) >= 3 else f" ({len(ratios)} round(s) only)"),
-                         ", ".join(f"{x:.3f}" for x in ratios), "yes" if 1 - ratio <= 0.10 else "**no**"])
+                         f"{100 * (1 - ratio):+.1f}%", f"{100 * spread[0]:+.1f}% … {100 * spread[1]:+.1f}%",
+                         len(ratios) if len(ratios) >= 3 else f"**{len(ratios)}** (the budget ran out)",
+                         "yes" if 1 - ratio <= 0.10 else "**no**"])
         sec.data[case] = {"ratios": ratios, "rates": rates, "vanilla_rates": vanilla_rates, "steps_per_block": steps,
-                          "overhead": 1 - ratio}
+                          "overhead": 1 - ratio, "spread": spread, "rounds": len(ratios)}
         print(f"{case}: overhead {100 * (1 - ratio):+.1f}% ({len(ratios)} rounds)", flush=True)
         del method
         run.report.save()
@@ -739,6 +782,12 @@ def auto_precision(device: Any) -> str:
     return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp]
 
 
+def eager_sets(steps: int) -> dict[str, Any]:
+    """``--set``s of an eager training command (Joey NMT trains eagerly), validating once at the end."""
+    graphs = {"training.cuda_graphs": "off"} if cuda_graphs_known() else {}
+    return {"training.compile": "off", **graphs, "training.valid_every": steps}
+
+
 def section_decoding(run: Run, sec: Section, deadline: float) -> None:
     import torch
 
@@ -760,7 +809,7 @@ def section_decoding(run: Run, sec: Section, deadline: float) -> None:
     if run.device.type == "cuda":
         torch.cuda.empty_cache()  # the training command and Joey NMT share this GPU
     work = run.work / "toolkits"
-    sets = {"training.compile": "off", "training.valid_every": args.train_steps}
+    sets = eager_sets(args.train_steps)
     tps, _, last = bench_joey.structnmt_train(dataset, args.train_steps, args.log_every, threads, max_tokens,
                                               config=config, work=work, device=device, sets=sets, plain=plain)
     sec.header = ["what", "figure"]
@@ -793,11 +842,13 @@ def section_joey(run: Run, sec: Section, deadline: float) -> None:
     if python is None:
         tried = f"`{args.joey_python}`" if args.joey_python else \
             f"this interpreter (`{sys.executable}`) and `{bench_joey.joey_python()}`"
-        sec.status = "not measured: Joey NMT is absent"
+        sec.status = JOEY_ABSENT
+        sec.data["installed"] = False
         sec.text.append(f"No interpreter here imports joeynmt (tried {tried}); nothing is installed by this "
                         f"script (a GPU machine has no network). {JOEY_INSTALL}")
         return
     joey_v, torch_v = ((bench_joey.joey_version(python) or "") + " ? ?").split()[:2]
+    sec.data.update(installed=True, python=str(python), joeynmt=joey_v, torch=torch_v)
     dataset, config, plain, split, described = pick_data(run)
     ours = run.structnmt
     m = model_of(config)
@@ -849,8 +900,7 @@ def section_joey(run: Run, sec: Section, deadline: float) -> None:
         fp32, _, _ = bench_joey.structnmt_train(dataset, args.train_steps, args.log_every, threads, max_tokens,
                                                 precision="fp32", config=config, work=run.work / "toolkits",
                                                 device=ours["device"], plain=plain,
-                                                sets={"training.compile": "off",
-                                                      "training.valid_every": args.train_steps})
+                                                sets=eager_sets(args.train_steps))
         sec.rows.append(["structnmt (fp32)", fmt_rate(fp32), f"{fp32 / joey_tps:.2f}x", "", "", ""])
         sec.data["structnmt_fp32_train_tokens_per_s"] = fp32
     else:
@@ -859,6 +909,25 @@ def section_joey(run: Run, sec: Section, deadline: float) -> None:
 
 RUNNERS = {"peak": section_peak, "training": section_training, "methods": section_methods,
            "decoding": section_decoding, "joey": section_joey}
+
+
+def eager_backend_for_torch_compile() -> None:
+    """The dry run's stand-in for inductor: every ``torch.compile`` (the toolkit's own, through
+    ``training.compile``) traces with dynamo and runs the graphs eagerly, generating no code. Each
+    call has its own backend, so that, as with inductor's options, one call's graphs are not reused
+    by another's (dynamo checks the backend)."""
+    import torch
+    from torch._dynamo.backends.debugging import eager
+
+    real = torch.compile
+
+    def compile(model: Any = None, **kw: Any) -> Any:
+        kw = {k: v for k, v in kw.items() if k not in ("backend", "mode", "options")}
+        if model is None:  # used as a decorator with arguments
+            return lambda fn: compile(fn, **kw)
+        return real(model, backend=lambda gm, inputs, **_: eager(gm, inputs), **kw)
+
+    torch.compile = compile
 
 
 # ---------------------------------------------------------------------------
@@ -872,7 +941,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--time-limit", type=float, help=f"seconds for the whole run (default {TIME_LIMIT_S}; "
                                                     "--cpu: 300); each section gets its share")
     p.add_argument("--sections", default=",".join(HEADINGS), help="comma-separated, of: %(default)s")
-    p.add_argument("--rounds", type=int, help="interleaved rounds (default 3; --cpu: 1)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default %(default)s)")
     p.add_argument("--shapes", default="small,big", help="training shapes: small, big")
     p.add_argument("--precisions", default="bf16,fp32", help="training precisions: bf16, fp32")
     p.add_argument("--tf32", action="store_true", help="fp32 training with TF32 matmuls (default: off, as torch)")
@@ -883,11 +952,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-every", type=int, help="updates per throughput window (default 20)")
     p.add_argument("--decode-tokens", type=int, default=8000, help="tokens per decoding batch (both toolkits)")
     p.add_argument("--decode-limit", type=int, help="decode only the first N test sentences (default all)")
-    p.add_argument("--joey-python", metavar="PATH", help="an interpreter that imports joeynmt (default: this one)")
+    p.add_argument("--joey-python", metavar="PATH",
+                   help="an interpreter that imports joeynmt (default: this one, else benchmarks/envs/joey)")
     p.add_argument("--work", type=Path, help="work folder (default: a new temporary folder)")
     args = p.parse_args(argv)
     dry = args.cpu
-    args.rounds = args.rounds or (1 if dry else 3)
     args.train_steps = args.train_steps or (4 if dry else 200)
     args.log_every = args.log_every or (2 if dry else 20)
     args.decode_limit = args.decode_limit if args.decode_limit is not None else (8 if dry else 0)
@@ -898,7 +967,8 @@ def main(argv: list[str] | None = None) -> int:
     args.shapes = [s for s in args.shapes.split(",") if s]
     args.precisions = [s for s in args.precisions.split(",") if s]
     args.methods = args.methods.split(",") if args.methods else None
-    bad += [s for s in args.shapes if s not in SHAPES] + [x for x in args.precisions if x not in ("bf16", "fp32")]
+    bad += [x for x in args.shapes if x not in ("small", "big")]
+    bad += [x for x in args.precisions if x not in ("bf16", "fp32")]
     if bad:
         p.error(f"unknown: {', '.join(bad)}")
 
@@ -909,25 +979,30 @@ def main(argv: list[str] | None = None) -> int:
               "Run it on a machine with a GPU, or pass --cpu for a dry run of the script.")
         return 0
     started = time.monotonic()
-    end = started + args.time_limit
     signal.signal(signal.SIGALRM, _time_up)
     signal.alarm(int(args.time_limit + GRACE_S))
     device = torch.device("cpu") if dry else torch.device("cuda", 0)
     if dry:
         torch.set_num_threads(1)
+        eager_backend_for_torch_compile()
     work = args.work or Path(tempfile.mkdtemp(prefix="gpu_report-"))
     work.mkdir(parents=True, exist_ok=True)
-    report = Report(args.out, dry, machine_info(dry), keys)
+    report = Report(args.out, dry, machine_info(dry), keys, args.time_limit)
+    report.began = started
     print(json.dumps(report.machine, indent=1, default=str), flush=True)
+    total = sum(BUDGET[k] for k in keys) or 1.0
+    mark = 0.0
+    for key in keys:  # each section's share, and the latest it may end (what earlier ones leave passes on)
+        sec = report.sections[key]
+        sec.budget_s = args.time_limit * BUDGET[key] / total
+        mark += sec.budget_s
+        sec.until_s = min(mark, args.time_limit)
     report.save()
     run = Run(args, device, dry, work, report)
-    total = sum(BUDGET[k] for k in keys) or 1.0
-    mark = started
     code = 0
     for i, key in enumerate(keys):
         sec = report.sections[key]
-        mark += args.time_limit * BUDGET[key] / total
-        deadline = min(mark, end)
+        deadline = started + sec.until_s
         common.DEADLINE = deadline + 5  # a command still running then is killed (5 s past the checks)
         sec.status = "running (a report that ends here was cut short during this section)"
         report.save()
@@ -937,7 +1012,6 @@ def main(argv: list[str] | None = None) -> int:
             RUNNERS[key](run, sec, deadline)
             if sec.status.startswith("running"):
                 sec.status = "done"
-            sec.notes.append(f"Section time: {time.monotonic() - began:.0f} s.")
             print(f"   {key}: {time.monotonic() - began:.1f} s", flush=True)
         except (TimeUp, KeyboardInterrupt) as err:
             why = f"the run's time limit ({args.time_limit + GRACE_S:.0f} s)" if isinstance(err, TimeUp) \
@@ -955,12 +1029,14 @@ def main(argv: list[str] | None = None) -> int:
             if tail:
                 sec.notes.append("```\n" + "\n".join(tail)[-3000:] + "\n```")
             print(f"{key}: {one_line(err)}", file=sys.stderr, flush=True)
+        finally:
+            sec.seconds = time.monotonic() - began
         report.save()
     signal.alarm(0)
     common.DEADLINE = None
     elapsed = time.monotonic() - started
-    path = report.save()
-    print(f"report: {path} ({elapsed:.0f} s)")
+    markdown, data = report.save()
+    print(f"report ({elapsed:.0f} s): {markdown} and {data}")
     if not args.work:
         shutil.rmtree(work, ignore_errors=True)
     return code

@@ -1,8 +1,9 @@
 """``benchmarks/gpu_report.py``, the one command for the GPU figures, stays runnable where there
 is no GPU: without CUDA it says so and exits 0, and its ``--cpu`` dry run goes through every
-section (matmul peak, training shapes under eager / compiled / CUDA graphs, every method's
-overhead, structnmt's training command and beam search, Joey NMT or the line saying it is absent)
-on tiny sizes, run as a user runs it. No figure is checked: a dry run measures nothing."""
+section's code (matmul peaks, training shapes under eager / compiled / CUDA graphs, every method's
+overhead, structnmt's training command and beam search, Joey NMT or the line saying it is not
+installed) on tiny sizes, run as a user runs it. No figure is checked, only the report's structure:
+a dry run measures nothing."""
 
 from __future__ import annotations
 
@@ -26,13 +27,17 @@ def gpu_report(*args: str | Path, tmp: Path) -> subprocess.CompletedProcess:
                           text=True, timeout=600)
 
 
-def headings() -> dict[str, str]:
+def module():
     sys.path.insert(0, str(SCRIPT.parent))
     try:
         import gpu_report
     finally:
         sys.path.remove(str(SCRIPT.parent))
-    return gpu_report.HEADINGS
+    return gpu_report
+
+
+def read(out: Path) -> tuple[str, dict]:
+    return (out / "gpu_report.md").read_text(encoding="utf-8"), json.loads((out / "gpu_report.json").read_text())
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the script runs for real")
@@ -47,33 +52,88 @@ def test_without_cuda_the_report_says_so_and_measures_nothing(tmp_path):
 def test_the_dry_run_goes_through_every_section(tmp_path):
     from tests.registry_cases import all_cases
 
-    done = gpu_report("--cpu", "--out", tmp_path / "out", tmp=tmp_path)
+    g = module()
+    out = tmp_path / "out"
+    done = gpu_report("--cpu", "--out", out, tmp=tmp_path)
     assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
-    report = (tmp_path / "out" / "gpu_report.md").read_text(encoding="utf-8")
-    data = json.loads((tmp_path / "out" / "gpu_report.json").read_text(encoding="utf-8"))
-    assert report.startswith("# GPU report (CPU dry run") and "## Machine" in report
-    for key, heading in headings().items():
+    assert done.stdout.strip().splitlines()[-1].endswith(f"{out / 'gpu_report.md'} and {out / 'gpu_report.json'}")
+    report, data = read(out)
+    assert report.startswith("# GPU report (CPU dry run") and data["dry_run"] is True
+    machine = data["machine"]
+    for key in ("gpu", "driver", "torch", "CUDA (torch built with)", "commit", "training.cuda_graphs"):
+        assert key in machine and f"\n- {key}: " in report, key
+    sections = data["sections"]
+    assert list(sections) == list(g.HEADINGS) and report.index("## Machine") < report.index("## Time per section")
+    for key, heading in g.HEADINGS.items():
         assert f"\n## {heading}\n" in report, heading
-        status = data["sections"][key]["status"]
-        assert status == "done" or (key == "joey" and status == "not measured: Joey NMT is absent"), (key, status)
-    training = data["sections"]["training"]["data"]["cells"]
-    assert len(training) == 2 * 2 * 3 and all("tokens_per_s" in cell for cell in training), training
-    methods = data["sections"]["methods"]
-    assert set(methods["data"]) == set(all_cases()) - {"vanilla"}, methods["data"].keys()
-    assert data["sections"]["decoding"]["data"]["decode"]["sentences"] == 8
-    joey = data["sections"]["joey"]
+        sec = sections[key]
+        assert sec["status"] == "done" or (key == "joey" and sec["status"] == g.JOEY_ABSENT), (key, sec["status"])
+        assert sec["budget_s"] > 0 and sec["until_s"] <= data["time_limit_s"] and sec["seconds"] >= 0, sec
+        assert f"| {heading} | {sec['budget_s']:.0f} | {sec['until_s']:.0f} | {sec['seconds']:.1f} |" in report
+    assert sum(s["budget_s"] for s in sections.values()) == pytest.approx(data["time_limit_s"])
+    assert data["elapsed_s"] < data["time_limit_s"]
+
+    assert set(sections["peak"]["data"]) == {"bf16", "fp32", "tf32", "bf16_small"}
+    assert all(v > 0 for v in sections["peak"]["data"].values())
+
+    cells = sections["training"]["data"]["cells"]
+    assert sorted((c["shape"], c["precision"], c["mode"]) for c in cells) == sorted(
+        (s, p, m) for s in ("small", "big") for p in ("bf16", "fp32") for m in g.MODES)
+    graphs_known = machine["training.cuda_graphs"] != g.NOT_AVAILABLE
+    for cell in cells:
+        if cell["mode"] == "graphs" and not graphs_known:
+            assert cell["not_measured"].startswith(g.NOT_AVAILABLE), cell
+            continue
+        assert cell["tokens_per_s"] > 0 and cell["share_of_peak"] > 0, cell
+        assert len(cell["rates"]) == 3 and cell["peak_kind"] == cell["precision"], cell
+        assert cell["mode"] == "eager" or cell["graphs"] >= 1, cell  # compiled through the toolkit's own route
+
+    methods = sections["methods"]["data"]
+    assert set(methods) == set(all_cases()) - {"vanilla"}, methods.keys()
+    for case, m in methods.items():
+        assert m["rounds"] == len(m["ratios"]) == 3, case
+        assert m["spread"][0] <= m["overhead"] <= m["spread"][1], case
+
+    decoding = sections["decoding"]["data"]
+    assert decoding["train_tokens_per_s"] > 0 and decoding["decode"]["sentences"] == 8
+    joey = sections["joey"]
     if joey["status"] == "done":
-        assert joey["data"]["joey_decode"]["sentences"] == 8
+        assert joey["data"]["installed"] and joey["data"]["joeynmt"] == "2.3.0"
+        assert joey["data"]["joey_decode"]["sentences"] == 8 and joey["data"]["joey_train_tokens_per_s"] > 0
+        assert [row["toolkit"].split()[0] for row in joey["table"]][:2] == ["Joey", "structnmt"]
     else:
-        assert "pip install --no-index" in " ".join(joey["text"])
-    assert "not measured" not in report.replace("not measured: Joey NMT is absent", "")
+        assert joey["data"] == {"installed": False} and "pip install --no-index" in " ".join(joey["text"])
+    assert "not measured" not in report.replace(g.JOEY_ABSENT, "")
 
 
-def test_without_joey_the_report_says_how_to_bring_it(tmp_path):
+def test_without_joey_the_report_says_not_installed_and_how_to_bring_it(tmp_path):
     if importlib.util.find_spec("joeynmt") is not None:
         pytest.skip("this interpreter imports joeynmt")
     done = gpu_report("--cpu", "--sections", "joey", "--joey-python", sys.executable, "--out", tmp_path, tmp=tmp_path)
     assert done.returncode == 0, done.stderr
-    report = (tmp_path / "gpu_report.md").read_text(encoding="utf-8")
-    assert "**not measured: Joey NMT is absent**" in report and "importlib_metadata<10" in report
+    report, data = read(tmp_path)
+    assert "**not measured: Joey NMT is not installed**" in report and "importlib_metadata<10" in report
     assert "not run: left out by --sections" in report  # the other sections keep their headings
+    assert [k for k, s in data["sections"].items() if s["budget_s"]] == ["joey"]
+    assert data["sections"]["joey"]["budget_s"] == pytest.approx(data["time_limit_s"])
+
+
+def test_cuda_graphs_go_through_the_config_or_are_not_available():
+    g = module()
+    if g.cuda_graphs_known():
+        assert g.training_config("bf16", "on", "on").cuda_graphs == "on"
+        assert g.training_config("bf16", "on").cuda_graphs == "off"
+    else:
+        with pytest.raises(g.NotMeasured, match=f"^{g.NOT_AVAILABLE}"):
+            g.training_config("bf16", "on", "on")
+        assert g.training_config("bf16", "on").compile == "on"  # the other modes are unaffected
+
+
+def test_the_driver_line():
+    g = module()
+    assert g.driver_of("550.54.15, 1980 MHz, 700.00 W\n", None) == \
+        "550.54.15 (nvidia-smi); max SM clock 1980 MHz, power limit 700.00 W"
+    assert g.driver_of("550.54.15", None).startswith("550.54.15 (nvidia-smi)")
+    assert g.driver_of(None, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15\nGCC\n").endswith(
+        "550.54.15 (no nvidia-smi)")
+    assert g.driver_of(None, None).startswith("unknown")
