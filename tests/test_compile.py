@@ -11,6 +11,7 @@ host checks left in, dynamo splits the graph at each of them (six graphs for one
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -157,3 +158,16 @@ def test_every_methods_compiled_part_of_an_update_is_one_graph(dataset, case):
     total.backward()
     assert torch.isfinite(total) and total.requires_grad
     assert any(p.grad is not None for p in model.parameters())
+
+
+def test_a_studys_runs_share_one_compile_cache_unless_the_user_chose_one(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from structnmt.study.runs import share_compile_cache
+
+    study = SimpleNamespace(work_dir=tmp_path / "runs" / "study_x")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert share_compile_cache(study) == (tmp_path / "runs" / "study_x" / "compile_cache").resolve()
+    assert os.environ["TORCHINDUCTOR_CACHE_DIR"] == str((tmp_path / "runs" / "study_x" / "compile_cache").resolve())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "mine"))
+    assert share_compile_cache(study) == tmp_path / "mine"

@@ -396,6 +396,15 @@ def _torch_threads() -> int:
     return torch.get_num_threads()
 
 
+def share_compile_cache(study: Study) -> Path:
+    """Point inductor's cache at the study's work directory (unless the user set one), so that the
+    kernel compilation of a compiled recipe (most of its warm-up) is paid once per study and
+    graph, not once per run: the runs of a recipe compile the same graphs, and SLURM jobs on
+    other nodes see the same directory (inductor's default lies in each node's /tmp)."""
+    cache = Path(os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str((study.work_dir / "compile_cache").resolve())))
+    return cache
+
+
 def execute_run(study: Study, recipe: str, seed: int) -> str:
     """Train (resuming when a checkpoint of the same digest is there), test, write the record.
 
@@ -407,6 +416,7 @@ def execute_run(study: Study, recipe: str, seed: int) -> str:
 
     run_dir = study.run_dir(recipe, seed)
     log_file = run_dir / "worker.log"
+    share_compile_cache(study)
     try:
         return _execute(study, recipe, seed, run_dir)
     except LockedError as err:
