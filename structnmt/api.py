@@ -336,7 +336,8 @@ def inspect(run: str | Path, what: Literal["trees", "phrases", "align", "heads"]
             gold: str | Path | None = None, gold_format: GoldFormat = "auto",
             boundary: Literal["auto", "before", "after"] = "auto", dataset: str | Path | None = None,
             out: str | Path | None = None, device: str | None = "cpu", conllu: str | Path | None = None,
-            src: str | Path | None = None, tgt: str | Path | None = None) -> dict[str, Any]:
+            src: str | Path | None = None, tgt: str | Path | None = None, *, parser_uas: bool = False,
+            parser: Any = None, without_src: bool = False) -> dict[str, Any]:
     """Read learned structure out of a run and score it (``structnmt inspect``).
 
     ``trees``: DBSA/SISA heads -> dependency trees, UAS against the split's trees;
@@ -348,12 +349,16 @@ def inspect(run: str | Path, what: Literal["trees", "phrases", "align", "heads"]
 
     Without a prepared dataset: ``trees`` with ``conllu`` scores the head against any CoNLL-U
     file's trees (projected onto the run's sub-words; ``src`` gives the sources when ``side`` is
-    tgt), ``align`` with ``src``, ``tgt`` and ``gold`` against any alignment test set.
+    tgt, or ``without_src`` reads a head that provably does not read them), ``align`` with
+    ``src``, ``tgt`` and ``gold`` against any alignment test set. With ``conllu``,
+    ``parser_uas`` also scores the parser the run's dataset was prepared with on ``side`` (or
+    ``parser``: a model path or name, or a loaded spaCy pipeline) on exactly the same sentences
+    and words: the head's UAS beside the UAS of the trees it learned from.
     """
     from structnmt.evaluation.inspect_run import inspect_run
 
     return inspect_run(run, what, checkpoint, split, side, layer, gold, gold_format, boundary, dataset, out, device,
-                       conllu, src, tgt)
+                       conllu, src, tgt, parser_uas=parser_uas, parser=parser, without_src=without_src)
 
 
 def methods() -> dict[str, dict[str, Any]]:

@@ -209,7 +209,8 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     out = Path(args.out or Path(args.run) / "inspect")
     scores = api.inspect(args.run, args.what, args.checkpoint, args.split, args.side, args.layer, args.gold,
                          args.gold_format, args.boundary, args.dataset, out, args.device, args.conllu, args.src,
-                         args.tgt)
+                         args.tgt, parser_uas=args.parser_uas or args.parser is not None, parser=args.parser,
+                         without_src=args.without_src)
     print(json.dumps(scores, indent=2))
     print(f"written to {out}", file=sys.stderr)
     return 0
@@ -468,6 +469,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="phrases: the word boundary a token's LPSI distance marks: before it (PRPN) or after "
                         "it (the paper's wording); auto: before on the source side, after on the target side")
     s.add_argument("--conllu", help="trees: score against this CoNLL-U file's trees instead of a prepared split")
+    s.add_argument("--parser-uas", dest="parser_uas", action="store_true",
+                   help="trees --conllu: also score the parser the run's dataset was prepared with on the same "
+                        "sentences and words (the trees the head learned from)")
+    s.add_argument("--parser", metavar="MODEL", help="trees --conllu: score this spaCy parser (path or package) "
+                                                     "instead of the dataset's (implies --parser-uas)")
+    s.add_argument("--without-src", dest="without_src", action="store_true",
+                   help="trees --side tgt --conllu: empty sources, for a head that does not read them (checked: "
+                        "refused when its trees change with the source)")
     s.add_argument("--src", help="align: source sentences of --gold (with --tgt); trees --side tgt: the sources")
     s.add_argument("--tgt", help="align: target sentences of --gold (with --src)")
     s.add_argument("--dataset")

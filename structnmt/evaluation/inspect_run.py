@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -42,6 +43,7 @@ from structnmt.evaluation.trees import (
     bracket_string,
     corpus_uas,
     corpus_unlabeled_f1,
+    left_branching_heads,
     right_branching_brackets,
     right_branching_heads,
 )
@@ -65,11 +67,6 @@ def _batches(model: Transformer, data: ParallelDataset, sides: tuple[str, ...], 
         fields[side].add("word_index")
     for indices in length_batches(np.maximum(data.src_lengths, data.tgt_lengths), max_tokens):
         yield collate(data, np.sort(indices), fields)
-
-
-def _left_branching_heads(n: int) -> list[int]:
-    """Each word depends on the next one; the last word is the root."""
-    return [i + 1 for i in range(n - 1)] + [n - 1] if n else []
 
 
 def _right_branching(words: list[str], n: int) -> list[tuple[int, int]]:
@@ -115,7 +112,7 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
         atomic_write_text(out_dir / f"{name}.{side}.heads", "".join(" ".join(map(str, h)) + "\n" for h in pred))
         scores = {"uas": corpus_uas(pred, golds),
                   "right_branching_uas": corpus_uas([right_branching_heads(len(g)) for g in golds], golds),
-                  "left_branching_uas": corpus_uas([_left_branching_heads(len(g)) for g in golds], golds),
+                  "left_branching_uas": corpus_uas([left_branching_heads(len(g)) for g in golds], golds),
                   "sentences": n, "against": "the split's stored trees"}
     elif what == "phrases":
         golds = _read_gold(gold, n, "gold brackets", "phrase trees are scored against gold brackets: "
@@ -179,14 +176,16 @@ def inspect_run(run: str | Path, what: str, checkpoint: str | Path | None = None
                 side: str = "src", layer: int | None = None, gold: str | Path | None = None,
                 gold_format: GoldFormat = "auto", boundary: str = "auto", dataset: str | Path | None = None,
                 out: str | Path | None = None, device: str | None = "cpu", conllu: str | Path | None = None,
-                src: str | Path | None = None, tgt: str | Path | None = None) -> dict:
+                src: str | Path | None = None, tgt: str | Path | None = None, *, parser_uas: bool = False,
+                parser: Any = None, without_src: bool = False) -> dict:
     """:func:`inspect_split` on a run's checkpoint (``best.pt``, else ``last.pt``); ``layer`` is
     1-based here (default: the method's first layer, the penultimate decoder layer for
     ``align``); results go to ``out`` (default ``RUN/inspect``).
 
     Against a gold file instead of a prepared split (:mod:`structnmt.evaluation.inspect_gold`):
-    ``trees`` with ``conllu`` (and ``src`` for the target side), ``align`` with ``src``, ``tgt``
-    and ``gold``."""
+    ``trees`` with ``conllu`` (and ``src`` or ``without_src`` for the target side; ``parser_uas``
+    and ``parser`` score the dataset's parser on the same sentences), ``align`` with ``src``,
+    ``tgt`` and ``gold``."""
     from structnmt.decoding.translator import load_translator
     from structnmt.evaluation.run_eval import run_checkpoint
 
@@ -204,7 +203,8 @@ def inspect_run(run: str | Path, what: str, checkpoint: str | Path | None = None
     if what == "trees" and conllu is not None:
         from structnmt.evaluation.inspect_gold import inspect_trees_gold
 
-        return inspect_trees_gold(translator, conllu, out_dir, side, layer0, src, tgt)
+        return inspect_trees_gold(translator, conllu, out_dir, side, layer0, src, tgt, parser_uas=parser_uas,
+                                  parser=parser, without_src=without_src)
     if what == "align" and (src is not None or tgt is not None):
         from structnmt.evaluation.inspect_gold import inspect_align_gold
 
@@ -213,6 +213,8 @@ def inspect_run(run: str | Path, what: str, checkpoint: str | Path | None = None
         return inspect_align_gold(translator, src, tgt, gold, out_dir, layer0, gold_format)
     if conllu is not None or src is not None or tgt is not None:
         raise ConfigError("--conllu goes with trees, --src/--tgt with align (and trees on the target side)", what)
+    if parser_uas or parser is not None or without_src:
+        raise ConfigError("--parser-uas, --parser and --without-src go with trees --conllu GOLD", what)
     data = ParallelDataset(translator.dataset_dir, split)
     return inspect_split(model, data, what, Path(out) if out is not None else run / "inspect", side=side,
                          layer=None if layer is None else layer - 1, gold=None if gold is None else str(gold),

@@ -140,6 +140,11 @@ def right_branching_heads(n: int) -> list[int]:
     return [0] + list(range(n - 1)) if n > 0 else []
 
 
+def left_branching_heads(n: int) -> list[int]:
+    """The other chain: each word depends on the word after it, and the last word is the root."""
+    return [i + 1 for i in range(n - 1)] + [n - 1] if n > 0 else []
+
+
 # ---------------------------------------------------------------------------
 # constituency brackets
 

@@ -9,14 +9,14 @@ A predicted root is right exactly when the gold root is the same word.
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from structnmt.errors import ParserError
-from structnmt.parsers.ud_train import read_conllu
+from structnmt.parsers.ud_train import UDSentence, read_conllu
 
 
 def score_trees(
@@ -69,7 +69,9 @@ def universal_label(label: str) -> str:
     return label.lower().split(":", 1)[0]
 
 
-def _load(model: Any):
+def load_pipeline(model: Any):
+    """A spaCy pipeline: ``model`` loaded (a path or an installed package's name), or returned
+    as it is when it already is a loaded ``spacy.Language``."""
     import spacy
     from spacy.language import Language
 
@@ -79,6 +81,36 @@ def _load(model: Any):
         return spacy.load(str(model))
     except OSError as exc:
         raise ParserError(f"cannot load spaCy pipeline {str(model)!r}: {exc}") from None
+
+
+def parsed_gold_docs(nlp: Any, sentences: Sequence[UDSentence], batch_size: int = 256) -> Iterator[Any]:
+    """The Docs ``nlp`` makes of the gold sentences, one per sentence, in order.
+
+    Docs are built from the gold words and spacing and each gold sentence is fixed as one
+    sentence, so tokenisation and sentence splitting never differ from the gold; every pipeline
+    component then runs on them in order. A pipeline that changes a sentence's words is an error.
+    """
+    from spacy.tokens import Doc
+
+    docs = (
+        Doc(nlp.vocab, words=s.words, spaces=s.spaces, sent_starts=[True] + [False] * (len(s) - 1))
+        for s in sentences
+    )
+    for _name, component in nlp.pipeline:
+        if hasattr(component, "pipe"):
+            docs = component.pipe(docs, batch_size=batch_size)
+        else:  # a plain function component
+            docs = map(component, docs)
+    for sentence, doc in zip(sentences, docs, strict=True):
+        if len(doc) != len(sentence):
+            raise ParserError(f"pipeline changed the number of words of the sentence at line {sentence.line}")
+        yield doc
+
+
+def parse_gold_words(nlp: Any, sentences: Sequence[UDSentence], batch_size: int = 256) -> list[list[int]]:
+    """Each sentence's heads as ``nlp`` parses its gold words (0-based, the root itself), as
+    :func:`evaluate_parser` scores them."""
+    return [[token.head.i for token in doc] for doc in parsed_gold_docs(nlp, sentences, batch_size)]
 
 
 def evaluate_parser(model: Any, gold: Path, *, quiet: bool = False, batch_size: int = 256) -> dict[str, Any]:
@@ -91,28 +123,15 @@ def evaluate_parser(model: Any, gold: Path, *, quiet: bool = False, batch_size: 
     UPOS PUNCT; LAS compares universal relations (subtypes dropped, as in CoNLL 2018).
     Prints a short report unless ``quiet``.
     """
-    from spacy.tokens import Doc
-
     sentences = read_conllu(gold)
-    nlp = _load(model)
-    docs = (
-        Doc(nlp.vocab, words=s.words, spaces=s.spaces, sent_starts=[True] + [False] * (len(s) - 1))
-        for s in sentences
-    )
+    nlp = load_pipeline(model)
     started = time.monotonic()
-    for _name, component in nlp.pipeline:
-        if hasattr(component, "pipe"):
-            docs = component.pipe(docs, batch_size=batch_size)
-        else:  # a plain function component
-            docs = map(component, docs)
     gold_heads: list[int] = []
     gold_labels: list[str] = []
     pred_heads: list[int] = []
     pred_labels: list[str] = []
     punct: list[bool] = []
-    for sentence, doc in zip(sentences, docs, strict=True):
-        if len(doc) != len(sentence):
-            raise ParserError(f"pipeline changed the number of words of the sentence at line {sentence.line}")
+    for sentence, doc in zip(sentences, parsed_gold_docs(nlp, sentences, batch_size), strict=True):
         gold_heads.extend(sentence.heads)
         gold_labels.extend(universal_label(d) for d in sentence.deprels)
         pred_heads.extend(token.head.i for token in doc)

@@ -145,6 +145,12 @@ def _parse_sentence(path: Path, start: int, block: list[tuple[int, str]]) -> UDS
     return sentence
 
 
+def conllu_block_sentence(path: str | Path, start: int, block: str) -> UDSentence | None:
+    """One sentence block of a CoNLL-U file (its text, first line ``start``), read exactly as
+    :func:`read_conllu` reads it; None for a block of comments only."""
+    return _parse_sentence(Path(path), start, [(start + k, line) for k, line in enumerate(block.splitlines())])
+
+
 def read_conllu(path: str | Path) -> list[UDSentence]:
     """Read a CoNLL-U file's basic trees; bad input raises DataError naming file and line."""
     path = Path(path)
