@@ -349,10 +349,15 @@ class TrainingConfig:
     log_every: int = 100
     num_workers: int = 0
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    # auto: bf16 where the hardware has it, else fp16 + gradient scaler on GPUs and fp32 on CPUs
+    # auto: on a CPU bf16 where it is native, else fp32; on a GPU fp32 with TF32 matmuls for
+    # d_model < 1024 (launch-bound), else bf16 (fp16 + gradient scaler without bf16); fp32 is
+    # plain fp32 (structnmt/training/environment.py, docs/training.md)
     precision: Literal["fp32", "bf16", "fp16", "auto"] = "auto"
     # torch.compile of forward + loss (structnmt/training/compiled.py); auto: on CUDA GPUs only
     compile: Literal["auto", "on", "off"] = "auto"
+    # the compiled step replayed as CUDA graphs, batches padded to bucketed shapes; auto: where
+    # training is compiled on CUDA; off on a CPU (on says so and trains without them)
+    cuda_graphs: Literal["auto", "on", "off"] = "auto"
     # batch lengths rounded up to a multiple of this; 0: auto = 8 where training is compiled on
     # CUDA (inductor specialises its kernels on length % 8 there, so mixed lengths compile one
     # graph per combination), else 1 (every CPU result unchanged); never past

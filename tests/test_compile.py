@@ -105,7 +105,7 @@ def test_a_compiler_failure_falls_back_to_eager_with_one_line(dataset, monkeypat
     class CppCompileError(RuntimeError):  # what inductor raises when g++ fails
         pass
 
-    def broken(fn):
+    def broken(fn, **options):
         def call(*args):
             raise CppCompileError("C++ compile error\nsecond line")
         return call
@@ -128,6 +128,34 @@ def test_what_auto_on_and_off_resolve_to(monkeypatch):
     monkeypatch.delenv("CXX", raising=False)
     on, why = C.resolve_compile("on", cpu)
     assert not on and "C++ compiler" in why
+
+
+def test_what_cuda_graphs_resolve_to():
+    """CUDA graphs are recorded through torch.compile on CUDA: ``auto`` is on exactly there, and
+    ``on`` anywhere else says in its reason why the run trains without them."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert C.resolve_cuda_graphs("off", True, cuda) == (False, "off")
+    assert C.resolve_cuda_graphs("auto", True, cuda)[0] and C.resolve_cuda_graphs("on", True, cuda)[0]
+    for setting in ("auto", "on"):
+        on, why = C.resolve_cuda_graphs(setting, False, cuda)
+        assert not on and "not compiled" in why
+    on, why = C.resolve_cuda_graphs("auto", True, cpu)
+    assert not on and "auto" in why
+    on, why = C.resolve_cuda_graphs("on", True, cpu)
+    assert not on and "need CUDA" in why and "without them" in why
+
+
+def test_cuda_graphs_on_a_cpu_train_as_without_and_say_so_in_one_line(dataset):
+    eager, _ = _train(dataset, "off", 2)
+    torch.manual_seed(5)
+    model = make_model("vanilla", vocab_size(dataset), **SMALL)
+    cfg = TrainingConfig(lr=1e-3, warmup=4, clip_norm=1.0, label_smoothing=0.1, precision="bf16", compile="off",
+                         cuda_graphs="on")
+    updater = Updater(model, cfg, torch.device("cpu"))
+    assert not updater.cuda_graphs and "\n" not in updater.cuda_graphs_reason
+    train = batches(dataset, "train", model, max_tokens=400)
+    torch.manual_seed(11)
+    assert [updater.update([train[i]]).loss for i in range(2)] == eager
 
 
 @pytest.mark.parametrize("setting,compiled,device,expected", [

@@ -88,3 +88,12 @@ def test_method_layers_are_checked_against_the_stack_where_the_method_acts():
     ):
         with pytest.raises(ConfigError, match=f"model.methods.0..layers: {message}"):
             structnmt.load_config("configs/multi30k_en_fr_dbsa.yaml", {**deep_decoder, "model.methods": [entry]})
+
+
+def test_cuda_graphs_takes_auto_on_or_off_and_names_itself_otherwise(tmp_path):
+    assert config_from_dict({}).training.cuda_graphs == "auto"
+    path = tmp_path / "c.yaml"
+    path.write_text("training:\n  cuda_graphs: off\n")  # YAML 1.1 reads off as false
+    assert load_config(path).training.cuda_graphs == "off"
+    with pytest.raises(ConfigError, match=r"training\.cuda_graphs: must be one of \['auto', 'on', 'off'\], got 'yes'"):
+        config_from_dict({"training": {"cuda_graphs": "yes"}})

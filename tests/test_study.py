@@ -1188,3 +1188,16 @@ def test_the_summary_marks_the_pooled_p_after_holm_and_before_it_only():
     many = {f"t{k}": {"base": row({1: 30.0}), "a": row({1: 40.0}, 1 / 1001)} for k in range(51)}
     assert "none can stay below 0.05: a family this large needs more resamples" in headline("base", many)[2]
     assert "needs more resamples" not in headline("base", dict(list(many.items())[:50]))[2]
+
+
+def test_training_cuda_graphs_at_auto_keeps_the_digest_it_had_before_the_key():
+    """A run folder keeps a marker of its training digest and is cleared when it differs: a key
+    added to the config at the value that trains as before must leave digests as they were, or
+    every run half done would start over. ``cuda_graphs: auto`` is off on a CPU, as before."""
+    from structnmt.config import config_from_dict
+    from structnmt.study.spec import config_digest, train_view
+
+    auto = config_from_dict({"training": {"cuda_graphs": "auto"}})
+    assert "cuda_graphs" not in train_view(auto)["training"]
+    on = config_from_dict({"training": {"cuda_graphs": "on"}})
+    assert train_view(on)["training"]["cuda_graphs"] == "on" and config_digest(on) != config_digest(auto)

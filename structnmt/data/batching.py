@@ -110,11 +110,23 @@ def _collate_arrays(
     fields: Mapping[str, set[str]],
     multiple: int = 1,
     limit: int = 0,
+    bucketed: bool = False,
+    fill_rows: bool = False,
 ) -> Batch:
     """The one collation: per-example stored arrays -> padded ``Batch``, each side's length (with
-    its EOS) rounded up to ``multiple`` but not past ``limit`` (the model's positions; 0: none)."""
+    its EOS) rounded up to ``multiple`` but not past ``limit`` (the model's positions; 0: none).
+    ``bucketed``: both sides padded to the :func:`bucket` of the longer one; ``fill_rows``: the
+    batch padded to the :func:`bucket` of its size with empty sentences (EOS alone, BOS alone, no
+    target token). All-padding rows would not do: attention over no key at all gives NaN."""
     src_len = [len(a["ids"]) for a in src]
-    Ls = _padded_length(max(src_len) + 1, multiple, limit)
+    tgt_len = [len(a["ids"]) for a in tgt] if tgt is not None else []
+    rows = len(src)
+    Ls = _padded_length(max(src_len + tgt_len if bucketed else src_len) + 1, multiple, limit, bucketed)
+    if fill_rows:
+        filler = bucket(rows, 1) - rows
+        src = [*src, *[_empty(src[0])] * filler]
+        tgt = [*tgt, *[_empty(tgt[0])] * filler] if tgt is not None else None
+        src_len, tgt_len = src_len + [0] * filler, tgt_len + [0] * filler
     src_ids = torch.full((len(src), Ls), PAD_ID, dtype=torch.long)
     for b, (arrays, n) in enumerate(zip(src, src_len)):
         src_ids[b, :n] = torch.from_numpy(np.asarray(arrays["ids"], dtype=np.int64))
@@ -122,8 +134,7 @@ def _collate_arrays(
     struct = {"src": build_struct(src, set(fields.get("src", ())), src_len, 0, Ls), "tgt": {}}
     tgt_in = tgt_out = None
     if tgt is not None:
-        tgt_len = [len(a["ids"]) for a in tgt]
-        Lt = _padded_length(max(tgt_len) + 1, multiple, limit)
+        Lt = Ls if bucketed else _padded_length(max(tgt_len) + 1, multiple, limit)
         tgt_in = torch.full((len(tgt), Lt), PAD_ID, dtype=torch.long)
         tgt_out = torch.full((len(tgt), Lt), PAD_ID, dtype=torch.long)
         for b, (arrays, n) in enumerate(zip(tgt, tgt_len)):
@@ -132,26 +143,43 @@ def _collate_arrays(
             tgt_in[b, 1:n + 1] = ids
             tgt_out[b, :n] = ids
             tgt_out[b, n] = EOS_ID
+        tgt_out[rows:] = PAD_ID  # the filler sentences: nothing to predict, no loss, no token counted
         struct["tgt"] = build_struct(tgt, set(fields.get("tgt", ())), tgt_len, 1, Lt)
-    index = torch.as_tensor(np.asarray(indices, dtype=np.int64))
+    index = torch.as_tensor(np.asarray([*indices, *[-1] * (len(src) - rows)], dtype=np.int64))
     return Batch(src=src_ids, tgt_in=tgt_in, tgt_out=tgt_out, struct=struct, index=index)
 
 
-def _padded_length(length: int, multiple: int, limit: int) -> int:
-    padded = -(-length // multiple) * multiple
+def bucket(n: int, multiple: int = 8) -> int:
+    """The smallest bucket that holds ``n``: multiples of ``multiple`` up to 8 of them, then four
+    buckets a doubling (with 8: 8, 16, ..., 64, 80, 96, 112, 128, 160, ...). Padding to it adds
+    less than ``multiple`` or a quarter, and lengths up to 1,024 fall in 24 buckets: few shapes for
+    CUDA graphs to record."""
+    step = multiple << max(((n - 1) // multiple).bit_length() - 3, 0)
+    return -(-n // step) * step
+
+
+def _empty(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A sentence of no sub-word with the stored fields of ``arrays`` (a filler row)."""
+    return {name: value[:0] for name, value in arrays.items()}
+
+
+def _padded_length(length: int, multiple: int, limit: int, bucketed: bool = False) -> int:
+    padded = bucket(length, multiple) if bucketed else -(-length // multiple) * multiple
     return max(length, min(padded, limit)) if limit else padded
 
 
-def collate(dataset: ParallelDataset, indices: Sequence[int] | np.ndarray,
-            fields: Mapping[str, set[str]], multiple: int = 1, limit: int = 0) -> Batch:
+def collate(dataset: ParallelDataset, indices: Sequence[int] | np.ndarray, fields: Mapping[str, set[str]],
+            multiple: int = 1, limit: int = 0, bucketed: bool = False, fill_rows: bool = False) -> Batch:
     """A ``Batch`` of the stored examples ``indices``; ``fields[side]`` are the structure
     fields methods asked for (``valid`` is always there). No target stored: no tgt tensors.
     ``multiple``: lengths padded up to a multiple of it (``training.pad_to_multiple``), never
-    past ``limit`` (``model.max_positions``)."""
+    past ``limit`` (``model.max_positions``); ``bucketed`` and ``fill_rows``: lengths and batch
+    size padded to buckets (:func:`bucket`, for ``training.cuda_graphs``), so that an epoch has
+    few shapes; the translation loss and the token count stay those of the unpadded batch."""
     indices = [int(i) for i in indices]
     src = [dataset.side_arrays(i, "src") for i in indices]
     tgt = [dataset.side_arrays(i, "tgt") for i in indices] if dataset.has_target else None
-    return _collate_arrays(src, tgt, indices, fields, multiple, limit)
+    return _collate_arrays(src, tgt, indices, fields, multiple, limit, bucketed, fill_rows)
 
 
 def collate_examples(examples: Sequence[Example], fields: Mapping[str, set[str]],

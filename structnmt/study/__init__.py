@@ -159,21 +159,22 @@ def format_status(rows: list[dict[str, Any]], jobs: int | None = None) -> str:
 
 def precision_here(study: Study, recipe: str, seed: int) -> str | None:
     """The precision a run would train in on this machine: ``precision: auto`` picks bf16 only
-    where the CPU or GPU has it, so machines of one model name can differ."""
+    where the CPU or GPU has it (on a GPU, for models of d_model 1,024 and more; narrower ones in
+    TF32), so machines of one model name can differ."""
     import torch
 
-    from structnmt.training.environment import pick_precision
+    from structnmt.training.environment import choose_precision
 
     try:
-        training = study.run_config(recipe, seed).training
+        cfg = study.run_config(recipe, seed)
+        training = cfg.training
         device = torch.device(training.device if training.device != "auto" else
                               "cuda" if torch.cuda.is_available() else "cpu")
         if device.type == "cuda" and not torch.cuda.is_available():
             return None  # training would stop with its own message
-        dtype, _ = pick_precision(training.precision, device)
+        return choose_precision(training.precision, device, cfg.model.d_model).name
     except Exception:  # noqa: BLE001 (a warning only: never let it break --status)
         return None
-    return str(dtype or torch.float32).replace("torch.", "")
 
 
 def precision_mix(rows: list[dict[str, Any]]) -> str:

@@ -303,6 +303,10 @@ RECIPE_DEVICE = "_recipe_device"
 #: training fields that change neither the weights a run ends with nor what it reads
 TRAINING_FIELDS_WITHOUT_EFFECT = ("out_dir", "threads", "progress", "tensorboard", "num_workers", "valid_every",
                                   "valid_beam", "valid_bleu", "log_every", "keep_last")
+#: training fields added to the config since run folders keep a digest, at the value that trains
+#: on a CPU as before they existed: left out of the view there, so that a run half done keeps its
+#: checkpoints (a folder whose marker differs is cleared)
+TRAINING_FIELDS_ADDED = {"cuda_graphs": "auto"}
 
 
 def train_view(cfg: ExperimentConfig) -> dict[str, Any]:
@@ -316,6 +320,9 @@ def train_view(cfg: ExperimentConfig) -> dict[str, Any]:
         raw["training"]["device"] = recipe_device
     for key in TRAINING_FIELDS_WITHOUT_EFFECT:
         raw.get("training", {}).pop(key, None)
+    for key, default in TRAINING_FIELDS_ADDED.items():
+        if raw.get("training", {}).get(key) == default:
+            del raw["training"][key]
     for key in ("processes", "cache_dir"):
         (raw.get("data") or {}).pop(key, None)
     return raw

@@ -18,6 +18,13 @@ keys and a checkpoint resumes in either mode. Three choices keep it exact and ch
 * where compiling fails (no C++ compiler for inductor's CPU kernels, an unsupported platform),
   the update runs eagerly and one line says why.
 
+``training.cuda_graphs`` replays the compiled step as CUDA graphs (inductor's
+``triton.cudagraphs``, all that ``mode="reduce-overhead"`` sets; torch takes a mode or options,
+not both, and ``fallback_random`` stays): one launch for the forward and one for the backward
+instead of hundreds of kernel launches, what a small model's update is bound by. A graph is
+recorded per batch shape, so the trainer then pads batches to a few bucketed shapes
+(:func:`structnmt.data.batching.bucket`).
+
 ``auto`` compiles where it pays: on CUDA GPUs. On the CPU the compiled step measured no faster
 than the eager one at the Multi30k recipe's shapes (``docs/benchmarks.md``), so ``auto`` stays
 eager there and ``on`` asks for it explicitly.
@@ -70,6 +77,18 @@ def resolve_compile(setting: str, device: torch.device) -> tuple[bool, str]:
     return False, "eager (auto: on the CPU the compiled step measured no faster; training.compile: on forces it)"
 
 
+def resolve_cuda_graphs(setting: str, compiled: bool, device: torch.device) -> tuple[bool, str]:
+    """(replay CUDA graphs or not, the reason in a few words) for ``training.cuda_graphs``."""
+    if setting == "off":
+        return False, "off"
+    if device.type != "cuda":
+        return False, "off (CUDA graphs need CUDA; training without them)" if setting == "on" else \
+            "off (auto: not on CUDA)"
+    if not compiled:
+        return False, "off (CUDA graphs are recorded through torch.compile, and the step is not compiled)"
+    return True, "on" if setting == "on" else "on (auto: compiled training on CUDA)"
+
+
 def length_multiple(setting: int, compiled: bool, device: torch.device) -> int:
     """``training.pad_to_multiple``: as set, or under 0 (auto) 8 for compiled training on CUDA and
     1 elsewhere, so that eager and CPU runs keep the batches (and results) they always had."""
@@ -85,9 +104,9 @@ def graphs_compiled() -> int:
     return int(counters["stats"]["unique_graphs"])
 
 
-def compile_step(fn: Callable[..., Any]) -> Callable[..., Any]:
+def compile_step(fn: Callable[..., Any], cuda_graphs: bool = False) -> Callable[..., Any]:
     """``fn`` through inductor with the options above (compiled lazily, at its first call)."""
-    return torch.compile(fn, dynamic=None, options=INDUCTOR_OPTIONS)
+    return torch.compile(fn, dynamic=None, options={**INDUCTOR_OPTIONS, "triton.cudagraphs": cuda_graphs})
 
 
 def is_compiler_error(err: BaseException) -> bool:

@@ -69,6 +69,13 @@ def all_reduce_sum(values: list[float], device: torch.device) -> list[float]:
     return t.tolist()
 
 
+def all_reduce_(t: torch.Tensor) -> torch.Tensor:
+    """Sum ``t`` over ranks in place, where it lives (no host read); returns ``t``."""
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return t
+
+
 def all_reduce_min(value: int, device: torch.device) -> int:
     if not (dist.is_available() and dist.is_initialized()):
         return value

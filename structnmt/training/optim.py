@@ -54,5 +54,28 @@ def build_scheduler(optimizer: torch.optim.Optimizer, cfg: TrainingConfig) -> La
     return LambdaLR(optimizer, lambda n: inverse_sqrt_factor(n + 1, warmup))
 
 
-def current_lr(optimizer: torch.optim.Optimizer) -> float:
-    return float(optimizer.param_groups[0]["lr"])
+class DeviceRates:
+    """The scheduler's rate of every update in a table on the device, looked up by the device's
+    count of applied updates: a skip known only to the device holds the schedule back without the
+    host reading anything. The entries are the scheduler's own ``base_lr * lambda(n)``, computed
+    on the host, so the rates are its rates bit for bit (a float64 ``sqrt`` on the device is not
+    always rounded as Python's). The table grows, by doubling, ahead of the updates issued."""
+
+    def __init__(self, scheduler: LambdaLR, device: torch.device) -> None:
+        self.scheduler = scheduler
+        self.device = device
+        self.table = torch.empty(0, dtype=torch.float64, device=device)
+
+    def rate(self, applied: torch.Tensor, issued: int) -> torch.Tensor:
+        """The rate of the next update, ``applied`` (a float64 device count, at most ``issued``)
+        updates after the start, as a 0-dim float64 tensor."""
+        if issued >= len(self.table):
+            self._grow(max(2 * len(self.table), issued + 1, 4096))
+        return self.table.index_select(0, applied.long().reshape(1)).reshape(())
+
+    def _grow(self, size: int) -> None:
+        (base,), (factor,) = self.scheduler.base_lrs, self.scheduler.lr_lambdas
+        more = torch.tensor([base * factor(n) for n in range(len(self.table), size)], dtype=torch.float64)
+        if self.device.type == "cuda":
+            more = more.pin_memory()  # copied without waiting for the device
+        self.table = torch.cat([self.table, more.to(self.device, non_blocking=True)])

@@ -21,6 +21,15 @@ Updates whose loss or gradient is not finite are skipped and logged; after
 ``training.max_bad_steps`` such updates *in a row* the run stops with status ``diverged``
 and leaves the last good checkpoint as it was.
 
+On a GPU the loop does not wait for each update: it counts an update as applied when it queues
+it and reads the updates' statistics (:class:`~.updater.UpdateStats`) only where a decision needs
+them: a ``train`` record, a validation, the last step, an epoch's end, a stop. It then goes
+through them in order as if it had read each at once, so every record, step number and decision
+is the one of a loop that reads every update, which the CPU's loop does (reading costs nothing
+there). A skipped update holds the step count back at the next read; that read comes before the
+step count reaches any multiple it acts on, so nothing is logged, validated or saved at a step
+that was not reached.
+
 Run directory (``training.out_dir``): ``config.yaml`` (resolved), ``run.json`` (command,
 versions, sizes), ``log.jsonl``, ``tensorboard/``, ``last.pt``, ``best.pt``, ``step_N.pt``.
 """
@@ -64,8 +73,11 @@ from structnmt.training.checks import (
 from structnmt.training.compiled import length_multiple
 from structnmt.training.environment import pick_device, rng_state, seed_everything, set_rng_state
 from structnmt.training.logger import RunLogger, TrainWindow, dataset_parsers, rewind_log, write_run_files
-from structnmt.training.updater import Updater
+from structnmt.training.updater import Updater, UpdateStats
 from structnmt.training.validation import improved, metric_name, validate
+
+#: updates a GPU run leaves unread at most (their statistics wait on the device)
+MAX_UNREAD = 256
 
 #: ``structnmt train``'s exit status when a signal stopped it after saving a checkpoint:
 #: EX_TEMPFAIL ("try again later"), so that ``train && test`` stops and a scheduler can tell a
@@ -120,6 +132,11 @@ class Trainer:
         self.updater = Updater(model, self.t, self.device, self.ctx,
                                find_unused_parameters=bool(cfg.model.methods))
         self.progress = Progress()
+        #: read each update's statistics at once (the CPU), or only where a decision needs them
+        self.read_every_update = self.device.type != "cuda"
+        #: pad training batches to bucketed shapes: CUDA graphs record one graph per shape
+        self.bucketed = self.updater.cuda_graphs
+        self.shapes: set[tuple[int, ...]] = set()  # training batch shapes so far (with bucketed batches)
         self.compiles = 0  # graphs torch.compile built in this call (warm-up and recompilations)
         self._signal: int | None = None
         self._epoch_cache: tuple[int, list[np.ndarray]] | None = None
@@ -134,14 +151,21 @@ class Trainer:
         )
 
     def collate(self, dataset: Any, indices: np.ndarray, fields: dict[str, set[str]], pad: bool = False) -> Batch:
-        """``pad``: lengths rounded up as ``training.pad_to_multiple`` says (training updates only:
-        validation runs eagerly and keeps its batches as they are)."""
+        """``pad``: lengths rounded up as ``training.pad_to_multiple`` says, and with CUDA graphs to
+        length and batch-size buckets (training updates only: validation runs eagerly and keeps its
+        batches as they are). Filler sentences pad the batch size only for a model whose updates
+        showed no auxiliary loss: the translation loss ignores them, but an auxiliary term may not
+        (LPSI's synchronisation loss reads every target position that is not padding)."""
         from structnmt.data.batching import collate
 
         if not pad:
             return collate(dataset, indices, fields)
         multiple = length_multiple(self.t.pad_to_multiple, self.updater.compiled, self.device)
-        return collate(dataset, indices, fields, multiple, self.cfg.model.max_positions)
+        fill_rows = self.bucketed and self.updater.aux_names == []
+        batch = collate(dataset, indices, fields, multiple, self.cfg.model.max_positions, self.bucketed, fill_rows)
+        if self.bucketed:
+            self.shapes.add(tuple(batch.src.shape) + tuple(batch.tgt_in.shape))
+        return batch
 
     # -- batches ----------------------------------------------------------------
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
@@ -194,6 +218,7 @@ class Trainer:
         except (KeyError, RuntimeError, ValueError) as err:
             raise CheckpointError(f"{path}: does not fit this model/optimiser ({err})") from None
         self.progress = Progress(**state["progress"])
+        self.updater.bad_run.fill_(self.progress.bad_in_a_row)
         rngs = state["rng"]
         if len(rngs) == self.ctx.world_size:
             set_rng_state(rngs[self.ctx.rank])
@@ -239,8 +264,7 @@ class Trainer:
         if self.ctx.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             write_run_files(self.run_dir, self.cfg, sum(p.numel() for p in self.updater.model.parameters()),
-                            str(self.device), self.ctx.world_size,
-                            str(self.updater.amp_dtype or torch.float32).replace("torch.", ""), start)
+                            str(self.device), self.ctx.world_size, self.updater.precision.name, start)
             # from a checkpoint: the steps after it are trained again; from scratch (a run killed
             # before its first checkpoint, resumed): all of them are
             since = self.progress.step if start is not None else 0
@@ -261,8 +285,11 @@ class Trainer:
             if info:
                 log.message(f"{side} trees of {self.cfg.data.dir}: {info.get('name') or info.get('backend')} "
                             f"{info.get('version') or ''} ({info.get('model') or '-'}, {info.get('convention')})")
+        log.message(f"training.precision: {self.updater.precision.reason}")
         if self.updater.compiled or self.t.compile != "auto" or self.device.type == "cuda":
             log.message(f"training.compile: {self.updater.compile_reason}")
+        if self.updater.cuda_graphs or self.t.cuda_graphs != "auto" or self.device.type == "cuda":
+            log.message(f"training.cuda_graphs: {self.updater.cuda_graphs_reason}")
         if start is not None:
             log.message(f"resuming from {start} (step {self.progress.step}, epoch {self.progress.epoch})")
             log.log("event", {"event": "resume", "step": self.progress.step, "from": str(start)})
@@ -301,10 +328,11 @@ class Trainer:
             return
         self.compiles += stats.compiled
         window.started += seconds
-        log.log("event", {"event": "compile", "step": self.progress.step, "graphs": stats.compiled,
+        step = self.progress.step + len(self._unread)  # the updates not yet read counted as applied
+        log.log("event", {"event": "compile", "step": step, "graphs": stats.compiled,
                           "graphs_total": self.compiles, "seconds": round(seconds, 1)})
         what = "compiled" if self.compiles == stats.compiled else "recompiled (a new batch shape or branch)"
-        log.message(f"step {self.progress.step}: torch.compile {what}: {stats.compiled} graph(s) in "
+        log.message(f"step {step}: torch.compile {what}: {stats.compiled} graph(s) in "
                     f"{seconds:.1f} s ({self.compiles} so far)")
 
     def _next_group(self, stream: Iterator[tuple[int, int, int, np.ndarray]]) -> tuple[list[np.ndarray], bool]:
@@ -324,9 +352,10 @@ class Trainer:
 
     def _loop(self, log: RunLogger) -> str:
         t, p = self.t, self.progress
-        began = time.monotonic() - p.elapsed_s
-        window = TrainWindow()
-        saved_step = p.step if p.step > 0 else -1
+        self._began = time.monotonic() - p.elapsed_s
+        self._window = TrainWindow()
+        self._saved_step = p.step if p.step > 0 else -1
+        self._unread: list[tuple[UpdateStats, bool, tuple[int, int]]] = []
         stream = self._stream()
         status = "finished"
         while True:
@@ -338,32 +367,20 @@ class Trainer:
                 break
             update_began = time.monotonic()
             stats = self.updater.update([self.collate(self.train_set, idx, self.fields, pad=True) for idx in group])
-            p.tokens += stats.tokens
-            self._log_compilation(log, stats, time.monotonic() - update_began, window)
-            if stats.applied:
-                p.step += 1
-                p.bad_in_a_row = 0
-            elif stats.bad and self._bad_update(log, stats.loss, stats.grad_norm):
-                return "diverged"
-            window.add(stats)
-            log.progress(1 if stats.applied else 0, loss=stats.loss, lr=stats.lr)
-            if stats.applied and p.step % max(t.log_every, 1) == 0:
-                log.log("train", {**window.record(p.step, p.epoch), "elapsed_s": round(time.monotonic() - began, 3)})
-                window = TrainWindow()
-
-            due = (t.valid_every > 0 and stats.applied and p.step % t.valid_every == 0) or \
-                  (t.valid_every == 0 and epoch_end)
-            if due:
-                p.elapsed_s = time.monotonic() - began
-                outcome = self._validate_and_save(log)
-                saved_step = p.step
-                if outcome is not None:
-                    return outcome
-            p.elapsed_s = time.monotonic() - began
+            self._log_compilation(log, stats, time.monotonic() - update_began, self._window)
+            self._unread.append((stats, epoch_end, (p.epoch, p.batch)))
+            read = self.read_every_update or self._read_due(epoch_end)
+            if read and (outcome := self._read_updates(log)) is not None:
+                return outcome
+            p.elapsed_s = time.monotonic() - self._began
+            if self.ctx.enabled and not read:
+                continue  # the collective below would wait for the device: ranks check where they read
             # one small all-reduce: any rank's signal or clock stops every rank at the same step
             signalled, late = D.all_reduce_sum(
                 [float(self._signal is not None), float(bool(t.max_minutes) and p.elapsed_s >= 60 * t.max_minutes)],
                 self.device)
+            if (signalled or late) and (outcome := self._read_updates(log)) is not None:
+                return outcome
             if signalled:
                 status = "interrupted"
                 log.message("signal received: saving a checkpoint and stopping")
@@ -373,14 +390,60 @@ class Trainer:
                 break
         if t.max_steps and p.step >= t.max_steps and status == "finished":
             status = "max_steps"
-        p.elapsed_s = time.monotonic() - began
-        if window:
-            log.log("train", {**window.record(p.step, p.epoch), "elapsed_s": round(p.elapsed_s, 3)})
-        if saved_step != p.step:
+        p.elapsed_s = time.monotonic() - self._began
+        if self._window:
+            log.log("train", self._train_record(p.elapsed_s))
+        if self.bucketed:
+            log.message(f"{len(self.shapes)} training batch shapes (CUDA graphs record one graph per shape)")
+        if self._saved_step != p.step:
             if status != "interrupted" and self.valid_set is not None:
                 return self._validate_and_save(log) or status
             return self._save_unless_diverged(log, best=False) or status
         return status
+
+    def _read_due(self, epoch_end: bool) -> bool:
+        """Whether the updates not yet read must be read now: the epoch ended, too many wait, or,
+        were they all applied, the last of them would end a log window, be due for validation or
+        reach ``max_steps`` (a skip among them only moves that point later)."""
+        t = self.t
+        ahead = self.progress.step + len(self._unread)
+        return (epoch_end or len(self._unread) >= MAX_UNREAD or ahead % max(t.log_every, 1) == 0
+                or (t.valid_every > 0 and ahead % t.valid_every == 0) or bool(t.max_steps and ahead >= t.max_steps))
+
+    def _read_updates(self, log: RunLogger) -> str | None:
+        """Go through the updates not yet read, in order, as the loop would have after each: count
+        the step, log, validate and save where due. A status when the run must stop there."""
+        t, p = self.t, self.progress
+        unread, self._unread = self._unread, []
+        for stats, epoch_end, position in unread:
+            p.epoch, p.batch = position
+            p.tokens += stats.tokens
+            if stats.applied:
+                p.step += 1
+                p.bad_in_a_row = 0
+            elif stats.bad and self._bad_update(log, stats.loss, stats.grad_norm):
+                return "diverged"
+            self._window.add(stats)
+            log.progress(1 if stats.applied else 0, loss=stats.loss, lr=stats.lr)
+            if stats.applied and p.step % max(t.log_every, 1) == 0:
+                log.log("train", self._train_record(time.monotonic() - self._began))
+                self._window = TrainWindow()
+            due = (t.valid_every > 0 and stats.applied and p.step % t.valid_every == 0) or \
+                  (t.valid_every == 0 and epoch_end)
+            if due:
+                p.elapsed_s = time.monotonic() - self._began
+                outcome = self._validate_and_save(log)
+                self._saved_step = p.step
+                if outcome is not None:
+                    return outcome
+        return None
+
+    def _train_record(self, elapsed: float) -> dict[str, Any]:
+        p = self.progress
+        record = {**self._window.record(p.step, p.epoch), "elapsed_s": round(elapsed, 3)}
+        if self.bucketed:
+            record["batch_shapes"] = len(self.shapes)
+        return record
 
     def _bad_update(self, log: RunLogger, loss: float, grad_norm: float) -> bool:
         """Count and log a skipped non-finite update; True when too many came in a row."""
