@@ -642,7 +642,7 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
     vocab = vocab_size(dataset)
     size = method_size(run)
     training = training_config("auto", max_tokens=256 if run.dry else 4096)
-    precision = auto_precision(run.device)
+    precision = auto_precision(run.device, size.get("d_model"))
     ds = ParallelDataset(dataset, "train")
     batches = bench_train.train_batches(ds, training, 8)
     cases = [c for c in sorted(all_cases()) if c != "vanilla"]
@@ -772,14 +772,15 @@ def model_of(config: str) -> Any:
     return load_config(config).model
 
 
-def auto_precision(device: Any) -> str:
-    """What ``training.precision: auto`` resolves to on ``device``."""
+def auto_precision(device: Any, d_model: int | None = None) -> str:
+    """What ``training.precision: auto`` resolves to on ``device`` for a model of width ``d_model``."""
     import torch
 
-    from structnmt.training.environment import pick_precision
+    from structnmt.training.environment import choose_precision
 
-    amp, _ = pick_precision("auto", device)
-    return {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[amp]
+    chosen = choose_precision("auto", device, d_model)
+    name = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}[chosen.amp]
+    return f"{name}+TF32" if chosen.tf32 else name
 
 
 def eager_sets(steps: int) -> dict[str, Any]:
@@ -792,9 +793,9 @@ def section_decoding(run: Run, sec: Section, deadline: float) -> None:
     import torch
 
     dataset, config, plain, split, described = pick_data(run)
-    precision = f"precision auto: {auto_precision(run.device)}"
-    args = run.args
     m = model_of(config)
+    precision = f"precision auto: {auto_precision(run.device, m.d_model)}"
+    args = run.args
     device = "cuda" if run.device.type == "cuda" else "cpu"
     threads = 1 if run.dry else 0
     max_tokens = 512 if run.dry else 4096
