@@ -226,11 +226,11 @@ def test_an_update_reads_nothing_from_the_device_until_its_statistics_are_read(d
     """The condition for a GPU that never waits on the host within an update: no ``.item()``,
     ``float()``, ``bool()`` of a tensor anywhere in ``Updater.update`` (forward, loss, backward,
     clipping, the skip, the optimiser, the scaler), a finite or a skipped one; reading one
-    statistic reads them all, in one copy. The model runs as under torch.compile (the default on
-    a GPU): eagerly it asks whether a batch has padding at all, a read of its own."""
+    statistic reads them all, in one copy. The model runs as on a GPU, where it passes its padding
+    masks without asking whether a batch has padding at all (on the CPU it asks: free there)."""
     from structnmt.training.updater import Updater
 
-    monkeypatch.setattr("structnmt.model.transformer._always_mask", lambda: True)
+    monkeypatch.setattr("structnmt.model.transformer._always_mask", lambda pad: True)
 
     cfg = tiny_cfg("unused", clip_norm=0.5, precision=precision, accumulate=2)
     data = ParallelDataset(data_dir, "train")

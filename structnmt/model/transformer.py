@@ -46,13 +46,14 @@ class EncoderOutput:
         )
 
 
-def _always_mask() -> bool:
-    """Under ``torch.compile`` pass padding masks even when nothing is padded.
+def _always_mask(pad: Tensor) -> bool:
+    """Pass padding masks even when nothing is padded under ``torch.compile`` and off the CPU.
 
-    Asking the tensor whether any padding exists is a host sync that splits the compiled graph;
-    an all-False mask gives the same result.
+    Asking the tensor whether any padding exists is a host sync: it splits a compiled graph and
+    makes the host wait for a GPU. An all-False mask gives the same result; only the CPU, where
+    the question costs nothing, still asks (and keeps the mask-free kernel it always took).
     """
-    return torch.compiler.is_compiling()
+    return torch.compiler.is_compiling() or pad.device.type != "cpu"
 
 
 def sinusoidal_table(n: int, d: int) -> Tensor:
@@ -190,7 +191,7 @@ class Transformer(nn.Module):
                losses: dict[str, Tensor] | None = None) -> EncoderOutput:
         struct = struct or {"src": {}, "tgt": {}}
         pad = src.eq(PAD_ID)
-        pad_arg = pad if _always_mask() or bool(pad.any()) else None
+        pad_arg = pad if _always_mask(pad) or bool(pad.any()) else None
         x = self._embed(src, self.src_embed, "src", struct)
         for layer in self.encoder:
             x = layer(x, pad_arg, struct=struct, records=records, requested=requested, losses=losses)
@@ -206,7 +207,7 @@ class Transformer(nn.Module):
         if cache is not None and "k" in cache[0].get("self", {}):
             offset = cache[0]["self"]["k"].size(2)
         tgt_pad = tgt_in.eq(PAD_ID) if cache is None else None
-        tgt_pad = tgt_pad if tgt_pad is not None and (_always_mask() or bool(tgt_pad.any())) else None
+        tgt_pad = tgt_pad if tgt_pad is not None and (_always_mask(tgt_pad) or bool(tgt_pad.any())) else None
         src_pad = enc.src_pad if enc.padded else None
         x = self._embed(tgt_in, self.tgt_embed, "tgt", struct, offset)
         for i, layer in enumerate(self.decoder):
