@@ -91,6 +91,7 @@ class SyntacticGatePlugin(AttentionPlugin):
         self.lookback = lookback
         self.tau = tau
         self.conv = nn.Conv1d(d_head, 1, kernel_size=lookback + 1)
+        self._every_head_in_order = self.heads == list(range(len(self.heads)))  # the gate needs no scatter
 
     def distances(self, keys: Tensor) -> Tensor:
         """(B, H', J, d) keys -> (B, H', J) distances in [−1, 1]."""
@@ -125,7 +126,7 @@ class SyntacticGatePlugin(AttentionPlugin):
         ctx.record("distance", dist)
         rows = torch.arange(ctx.q_offset, ctx.q_offset + ctx.q.size(2), device=ctx.q.device)
         gate = syntactic_gate_log(dist, rows, self.tau).to(ctx.q.dtype)  # (B, H', I, J)
-        if self.heads == list(range(ctx.q.size(1))):
+        if self._every_head_in_order and len(self.heads) == ctx.q.size(1):
             return gate
         b, _, i, j = gate.shape
         return gate.new_zeros(b, ctx.q.size(1), i, j).index_copy(1, idx, gate)
