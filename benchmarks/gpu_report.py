@@ -28,7 +28,8 @@ shapes, whose compilations are the longest and least predictable part, take what
    auto, on the built-in synthetic task (gold trees on both sides, so every method has its fields):
    blocks interleaved vanilla/method, ``--rounds`` (>= 3) rounds; the median and the spread.
 5. ``structnmt train`` (eager, precision auto) for ``--train-steps`` updates, then beam-5 decoding of
-   the test split with that model: sentences/s, model loading excluded, after a warm-up.
+   the test split with that model: sentences/s, model loading excluded, after a warm-up; then the same
+   training with every speed setting at its default, and with two data workers (issue 41, goal 2).
 6. Joey NMT 2.3.0 on the same data, vocabulary, shape and device in the same run (``bench_joey.py``'s
    inputs), training and beam-5 decoding beside section 5's figures, when an interpreter imports
    joeynmt (this one, ``benchmarks/envs/joey``, or ``--joey-python``); nothing is installed (no
@@ -811,6 +812,7 @@ def section_decoding(run: Run, sec: Section, deadline: float) -> None:
         torch.cuda.empty_cache()  # the training command and Joey NMT share this GPU
     work = run.work / "toolkits"
     sets = eager_sets(args.train_steps)
+    began = time.monotonic()
     tps, _, last = bench_joey.structnmt_train(dataset, args.train_steps, args.log_every, threads, max_tokens,
                                               config=config, work=work, device=device, sets=sets, plain=plain)
     sec.header = ["what", "figure"]
@@ -829,6 +831,43 @@ def section_decoding(run: Run, sec: Section, deadline: float) -> None:
                  ["mean output length (sub-words)", f"{decoded['pieces']:.1f}"]]
     run.structnmt.update(decode=decoded)
     sec.data["decode"] = decoded
+    eager_s = time.monotonic() - began
+    train_defaults(run, sec, deadline, eager_s, dataset, config, plain, threads, max_tokens, device, work)
+
+
+#: issue 41's figure for ``structnmt train`` with the defaults of commit 1c433cd (bf16, compile auto)
+BASELINE_1C433CD = "48k target tokens/s on one H200 (torch 2.11.0+cu130, 2026-11-27)"
+
+
+def train_defaults(run: Run, sec: Section, deadline: float, eager_s: float, dataset: Path, config: str,
+                   plain: bool, threads: int, max_tokens: int, device: str, work: Path) -> None:
+    """``structnmt train`` with every speed setting at its default (compile, CUDA graphs and precision
+    auto), then with two data workers: the figure goal 2 of issue 41 asks for (>= 3x commit 1c433cd's
+    default on the same GPU). Compilation and graph recording stay out of the log's tokens/s; each
+    run is expected to take the eager run's time (``eager_s``) and, on a GPU, a minute of compiling."""
+    args = run.args
+    sec.text.append(
+        f"Then the same training with the defaults (training.compile, cuda_graphs and precision auto), and with "
+        f"`training.num_workers: 2` (batches collated ahead in worker processes), {args.train_steps} updates each, "
+        f"compilation and graph recording kept out of the log's tokens/s. For reference, commit 1c433cd's default "
+        f"gave {BASELINE_1C433CD}.")
+    for label, extra in (("defaults", {}), ("defaults, 2 data workers", {"training.num_workers": 2})):
+        row = f"training ({label}), target tokens/s"
+        if time.monotonic() + eager_s + (0 if run.dry else 60) > deadline:
+            sec.rows.append([row, "not measured: the section's time budget ran out"])
+            continue
+        try:
+            sets = {"training.valid_every": args.train_steps, **extra}
+            tps, _, _ = bench_joey.structnmt_train(dataset, args.train_steps, args.log_every, threads, max_tokens,
+                                                  config=config, work=work / label.replace(" ", "_").replace(",", ""),
+                                                  device=device, sets=sets, plain=plain)
+        except (Exception, SystemExit) as err:  # the report keeps the other rows
+            remember_error(sec, label, err)
+            sec.rows.append([row, f"not measured: {one_line(err)}"])
+            continue
+        sec.rows.append([row, fmt_rate(tps)])
+        sec.data[f"train_tokens_per_s_{label.replace(' ', '_').replace(',', '')}"] = tps
+        run.report.save()
 
 
 # ---------------------------------------------------------------------------

@@ -347,7 +347,7 @@ class TrainingConfig:
     early_stopping_metric: Literal["bleu", "loss"] = "bleu"
     keep_last: int = 3  # step checkpoints kept besides best.pt and last.pt
     log_every: int = 100
-    num_workers: int = 0
+    num_workers: int = 0  # processes collating training batches ahead (structnmt/data/prefetch.py)
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # auto: on a CPU bf16 where it is native, else fp32; on a GPU fp32 with TF32 matmuls for
     # d_model < 1024 (launch-bound), else bf16 (fp16 + gradient scaler without bf16); fp32 is

@@ -48,8 +48,9 @@ def _updater_run(data_dir: Path, ctx: DistContext) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in model.state_dict().items()}
 
 
-def _trainer_run(data_dir: Path, out: Path, max_tokens: int, ctx: DistContext, late: bool = False) -> Trainer:
-    cfg = _cfg(out, max_steps=4, valid_every=2, log_every=3, max_tokens=max_tokens)
+def _trainer_run(data_dir: Path, out: Path, max_tokens: int, ctx: DistContext, late: bool = False,
+                 workers: int = 0) -> Trainer:
+    cfg = _cfg(out, max_steps=6, valid_every=2, log_every=3, max_tokens=max_tokens, num_workers=workers)
     torch.manual_seed(cfg.training.seed)
     model = Transformer(cfg.model, V, V)
     trainer = Trainer(cfg, model, ParallelDataset(data_dir, "train"), ParallelDataset(data_dir, "val"),
@@ -71,6 +72,9 @@ def _worker(rank: int, world: int, port: int, data_dir: str, out: str) -> None:
         if rank == 0:
             torch.save(weights, Path(out) / "updater.pt")
         _trainer_run(Path(data_dir), Path(out) / "run", 32, ctx, late=True)
+        # batches collated ahead by a worker per rank: each rank pulls its stream (and so reaches
+        # the epoch end's collective) by the same rule, and trains on the same batches
+        _trainer_run(Path(data_dir), Path(out) / "run_workers", 32, ctx, late=True, workers=1)
     finally:
         dist.destroy_process_group()
 
@@ -96,12 +100,18 @@ def test_two_processes_match_one_process_with_the_whole_batch(tmp_path):
     # the same through the trainer: 2 x 32 tokens per process = 64 tokens in one process
     reference = _trainer_run(data_dir, tmp_path / "one", 64, DistContext())
     ddp_state = load_checkpoint(out / "run" / "last.pt")
-    assert ddp_state["progress"]["step"] == 4 and ddp_state["world_size"] == 2
+    assert ddp_state["progress"]["step"] == 6 and ddp_state["world_size"] == 2
+    assert ddp_state["progress"]["epoch"] > 1  # an epoch end (a collective) was crossed
     assert len(ddp_state["rng"]) == 2  # every rank's generators, for an exact resume
     assert ddp_state["progress"]["tokens"] == reference.progress.tokens
     for name, value in reference.updater.model.state_dict().items():
         torch.testing.assert_close(ddp_state["model"][name], value, atol=1e-6, rtol=0)
     train_steps = [r["step"] for r in read_log(out / "run" / "log.jsonl") if r["kind"] == "train"]
-    assert train_steps == [3, 4]  # written once, by rank 0
+    assert train_steps == [3, 6]  # written once, by rank 0
     valid = [r for r in read_log(out / "run" / "log.jsonl") if r["kind"] == "valid"]
-    assert [r["step"] for r in valid] == [2, 4]
+    assert [r["step"] for r in valid] == [2, 4, 6]
+    with_workers = load_checkpoint(out / "run_workers" / "last.pt")
+    position = ("step", "epoch", "batch", "tokens")
+    assert [with_workers["progress"][k] for k in position] == [ddp_state["progress"][k] for k in position]
+    for name, value in ddp_state["model"].items():
+        assert torch.equal(with_workers["model"][name], value), name

@@ -158,14 +158,18 @@ class Trainer:
         (LPSI's synchronisation loss reads every target position that is not padding)."""
         from structnmt.data.batching import collate
 
-        if not pad:
-            return collate(dataset, indices, fields)
-        multiple = length_multiple(self.t.pad_to_multiple, self.updater.compiled, self.device)
-        fill_rows = self.bucketed and self.updater.aux_names == []
-        batch = collate(dataset, indices, fields, multiple, self.cfg.model.max_positions, self.bucketed, fill_rows)
-        if self.bucketed:
-            self.shapes.add(tuple(batch.src.shape) + tuple(batch.tgt_in.shape))
-        return batch
+        options = self.training_collation() if pad else {}
+        return collate(dataset, indices, **{**options, "fields": fields})
+
+    def training_collation(self) -> dict[str, Any]:
+        """``collate``'s options for a training batch (see :meth:`collate`); the filler-row choice
+        is settled once the first update has shown whether the model has auxiliary losses."""
+        return {"fields": self.fields, "limit": self.cfg.model.max_positions, "bucketed": self.bucketed,
+                "multiple": length_multiple(self.t.pad_to_multiple, self.updater.compiled, self.device),
+                "fill_rows": self.bucketed and self.updater.aux_names == []}
+
+    def _collation_settled(self) -> bool:
+        return not self.bucketed or self.updater.aux_names is not None
 
     # -- batches ----------------------------------------------------------------
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
@@ -335,13 +339,15 @@ class Trainer:
         log.message(f"step {step}: torch.compile {what}: {stats.compiled} graph(s) in "
                     f"{seconds:.1f} s ({self.compiles} so far)")
 
-    def _next_group(self, stream: Iterator[tuple[int, int, int, np.ndarray]]) -> tuple[list[np.ndarray], bool]:
+    def _next_group(self, stream: Iterator[tuple[int, int, int, Batch]]) -> tuple[list[Batch], bool]:
         """The batches of the next update (``accumulate`` of them, fewer at an epoch's end) and
         whether the epoch ended; moves the data position past them."""
         p = self.progress
-        group: list[np.ndarray] = []
-        for epoch, i, n, indices in stream:
-            group.append(indices)
+        group: list[Batch] = []
+        for epoch, i, n, batch in stream:
+            group.append(batch)
+            if self.bucketed:
+                self.shapes.add(tuple(batch.src.shape) + tuple(batch.tgt_in.shape))
             p.epoch, p.batch = epoch, i + 1
             if i + 1 == n:
                 p.epoch, p.batch = epoch + 1, 0
@@ -351,12 +357,27 @@ class Trainer:
         return group, False
 
     def _loop(self, log: RunLogger) -> str:
+        from structnmt.data.prefetch import BatchPrefetcher
+
+        workers = self.t.num_workers
+        if workers and type(self).collate is not Trainer.collate:
+            log.message(f"training.num_workers: {workers} ignored: {type(self).__name__} collates its own "
+                        "batches (workers run the default collate)")
+            workers = 0
+
+        def here(indices: np.ndarray) -> Batch:
+            return self.collate(self.train_set, indices, self.fields, pad=True)
+
+        with BatchPrefetcher(self.train_set, workers, here) as prefetch:
+            return self._loop_batches(log, prefetch)
+
+    def _loop_batches(self, log: RunLogger, prefetch: Any) -> str:
         t, p = self.t, self.progress
         self._began = time.monotonic() - p.elapsed_s
         self._window = TrainWindow()
         self._saved_step = p.step if p.step > 0 else -1
         self._unread: list[tuple[UpdateStats, bool, tuple[int, int]]] = []
-        stream = self._stream()
+        stream = prefetch.collated(self._stream(), self.training_collation, self._collation_settled)
         status = "finished"
         while True:
             if t.max_steps and p.step >= t.max_steps:
@@ -366,7 +387,10 @@ class Trainer:
                 status = "max_epochs"
                 break
             update_began = time.monotonic()
-            stats = self.updater.update([self.collate(self.train_set, idx, self.fields, pad=True) for idx in group])
+            stats = self.updater.update(group)
+            if prefetch.note:
+                log.message(prefetch.note)
+                prefetch.note = None
             self._log_compilation(log, stats, time.monotonic() - update_began, self._window)
             self._unread.append((stats, epoch_end, (p.epoch, p.batch)))
             read = self.read_every_update or self._read_due(epoch_end)

@@ -1,0 +1,114 @@
+"""Training batches collated ahead by worker processes (``training.num_workers``): the same
+batches in the same order, the same weights, a resume that is still exact, and collation that
+comes home when a worker dies or a batch cannot be collated there."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from structnmt.data.batching import collate, token_batches
+from structnmt.data.dataset import ParallelDataset
+from structnmt.data.prefetch import BatchPrefetcher
+from structnmt.errors import DataError
+from tests.test_training import SlowTrainer, make_dataset, make_trainer, params, tiny_cfg
+
+FIELDS: dict[str, set[str]] = {"src": set(), "tgt": set()}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory) -> Path:
+    return make_dataset(tmp_path_factory.mktemp("data"), n_train=96)
+
+
+def _stream(data: ParallelDataset, epochs: int = 2):
+    for epoch in range(1, epochs + 1):
+        batches = token_batches(data.src_lengths, data.tgt_lengths, 40, shuffle=True, seed=3, epoch=epoch)
+        for i, indices in enumerate(batches):
+            yield epoch, i, len(batches), indices
+
+
+def _same(a, b) -> bool:
+    return (torch.equal(a.src, b.src) and torch.equal(a.tgt_in, b.tgt_in) and torch.equal(a.tgt_out, b.tgt_out)
+            and torch.equal(a.index, b.index))
+
+
+def test_workers_yield_the_streams_batches_in_order(data_dir):
+    data = ParallelDataset(data_dir, "train")
+    options = {"fields": FIELDS, "multiple": 8}
+    want = [(e, i, n, collate(data, idx, **options)) for e, i, n, idx in _stream(data)]
+    assert len(want) > 8 and len({e for e, *_ in want}) == 2
+    with BatchPrefetcher(data, 2, lambda idx: collate(data, idx, **options)) as prefetch:
+        got = list(prefetch.collated(_stream(data), lambda: options))
+        assert prefetch.pool is not None  # the workers collated them, not the fallback
+    assert [w[:3] for w in want] == [g[:3] for g in got]
+    assert all(_same(w[3], g[3]) for w, g in zip(want, got))
+    assert all(g[3].src.size(1) % 8 == 0 for g in got)  # the options reached the workers
+
+
+def test_nothing_is_collated_ahead_until_the_options_are_settled(data_dir):
+    data = ParallelDataset(data_dir, "train")
+    settled = False
+    here: list[int] = []
+
+    def collate_here(idx):
+        here.append(len(idx))
+        return collate(data, idx, FIELDS)
+
+    with BatchPrefetcher(data, 2, collate_here) as prefetch:
+        stream = prefetch.collated(_stream(data, 1), lambda: {"fields": FIELDS}, lambda: settled)
+        next(stream), next(stream)
+        assert len(here) == 2  # collated when asked for, in this process
+        settled = True
+        rest = list(stream)
+    assert len(here) == 2 and rest
+
+
+def test_a_killed_worker_sends_collation_home_with_the_same_batches(data_dir):
+    data = ParallelDataset(data_dir, "train")
+    want = [collate(data, idx, FIELDS) for *_, idx in _stream(data)]
+    with BatchPrefetcher(data, 1, lambda idx: collate(data, idx, FIELDS)) as prefetch:
+        stream = prefetch.collated(_stream(data), lambda: {"fields": FIELDS})
+        got = [next(stream)[3]]
+        pool = prefetch.pool
+        assert pool is not None
+        for pid in list(pool._processes):  # noqa: SLF001 - the test kills the worker
+            os.kill(pid, signal.SIGKILL)
+        got += [b for *_, b in stream]
+        assert prefetch.pool is None and prefetch.note and "main process" in prefetch.note
+    assert len(got) == len(want) and all(_same(w, g) for w, g in zip(want, got))
+
+
+def test_a_batch_the_workers_cannot_collate_raises_the_real_error_here(data_dir):
+    data = ParallelDataset(data_dir, "train")
+
+    def collate_here(idx):
+        raise DataError("example 10**9 is not in the split", "train.bin")
+
+    stream = iter([(1, 0, 1, np.array([10**9]))])
+    with BatchPrefetcher(data, 1, collate_here) as prefetch, pytest.raises(DataError, match="train.bin: example"):
+        list(prefetch.collated(stream, lambda: {"fields": FIELDS}))
+
+
+def test_training_with_workers_gives_the_same_weights_and_resumes_exactly(data_dir, tmp_path):
+    inline = make_trainer(tiny_cfg(tmp_path / "a", max_steps=8, accumulate=2), data_dir)
+    inline.run()
+    first = make_trainer(tiny_cfg(tmp_path / "b", max_steps=4, accumulate=2, num_workers=2), data_dir)
+    assert first.run()["step"] == 4
+    second = make_trainer(tiny_cfg(tmp_path / "b", max_steps=8, accumulate=2, num_workers=2), data_dir)
+    assert second.run(resume=True)["step"] == 8
+    want, got = params(inline.updater.model), params(second.updater.model)
+    assert all(torch.equal(want[k], got[k]) for k in want)
+    assert (inline.progress.epoch, inline.progress.batch) == (second.progress.epoch, second.progress.batch)
+    assert inline.progress.tokens == second.progress.tokens
+
+
+def test_a_trainer_that_collates_its_own_batches_keeps_them_in_process(data_dir, tmp_path, capsys):
+    trainer = make_trainer(tiny_cfg(tmp_path / "run", max_steps=2, num_workers=2), data_dir, cls=SlowTrainer)
+    trainer.run()
+    assert "training.num_workers: 2 ignored: SlowTrainer collates its own batches" in capsys.readouterr().err
