@@ -42,6 +42,11 @@ def test_bench_train_smoke(work):
     assert "overhead" in out and (work / "results" / "train.md").is_file()
 
 
+def test_bench_collate_smoke(work):
+    out = run("bench_collate.py", "--smoke", work / "task", tmp=work)
+    assert "smoke: collate and prefetch measured" in out
+
+
 def test_bench_fused_structure_smoke(work):
     out = run("bench_fused_structure.py", "--smoke", tmp=work)
     assert "udiscal" in out and (work / "results" / "fused_structure.md").is_file()
