@@ -381,14 +381,17 @@ def methods() -> dict[str, dict[str, Any]]:
 
 
 def run_study(study: str | Path, jobs: int | None = None, executor: str | None = None,
-              only: Sequence[str] | None = None, report: bool = True) -> dict[str, Any]:
+              only: Sequence[str] | None = None, report: bool = True, seeds: Sequence[int] | None = None,
+              device: str | None = None, commit: bool | None = None) -> dict[str, Any]:
     """Run a study file (``structnmt study``): every recipe x seed not yet recorded is trained
     and tested at the study's update budget, then the report is written. ``executor``:
-    ``local`` (``jobs`` at once), ``slurm`` or ``submitit-local``; ``only`` names recipes.
-    Returns ``{"runs": {"recipe/seedN": status}, "report": path or None}``."""
+    ``local`` (``jobs`` at once), ``slurm`` or ``submitit-local``; ``only`` names recipes and
+    ``seeds`` seeds; ``device`` and ``commit``: the study file's ``executor.device`` and
+    ``executor.commit`` for this call. Returns ``{"runs": {"recipe/seedN": status}, "report": path or None}``."""
     from structnmt.study import run_study as run
 
-    return run(study, jobs=jobs, executor=executor, only=list(only) if only else None, report=report)
+    return run(study, jobs=jobs, executor=executor, only=list(only) if only else None, report=report,
+               seeds=list(seeds) if seeds else None, device=device, commit=commit)
 
 
 def study_status(study: str | Path) -> list[dict[str, Any]]:

@@ -99,6 +99,32 @@ def test_an_empty_overrides_key_means_no_overrides(recipes, tmp_path):
     assert study.overrides == {} and study.recipes[0].overrides == {}
 
 
+def test_one_seed_on_another_device_is_one_call_that_leaves_the_study_file_alone(recipes, tmp_path, monkeypatch):
+    import structnmt.study as study_module
+    import structnmt.study.executors as executors
+
+    path = _study_file(tmp_path, recipes, seeds=(1, 2, 3))
+    before = path.read_text()
+    seen: dict = {}
+
+    def run_local(study, runnable, jobs, progress):
+        seen.update(runs=list(runnable), jobs=jobs, commit=study.executor.commit,
+                    devices={study.run_config(r, s).training.device for r, s in runnable})
+        return {run: "done" for run in runnable}
+
+    monkeypatch.setattr(study_module, "prepare_datasets", lambda *_: {})
+    monkeypatch.setattr(executors, "run_local", run_local)
+    run_study(path, report=False, seeds=[2], device="cpu", commit=True, jobs=3)
+    assert seen == {"runs": [("vanilla", 2), ("pascal", 2)], "jobs": 3, "commit": True, "devices": {"cpu"}}
+    run_study(path, report=False, seeds=[3, 1], only=["pascal"])
+    assert seen["runs"] == [("pascal", 1), ("pascal", 3)] and seen["commit"] is False and seen["devices"] == {"auto"}
+    assert path.read_text() == before
+    with pytest.raises(ConfigError, match=r"--seeds: not a seed of the study: 4, 7 \(seeds: 1, 2, 3\)"):
+        run_study(path, seeds=[7, 2, 4])
+    with pytest.raises(ConfigError, match=r"--device: expected auto, cpu, cuda or cuda:N"):
+        run_study(path, seeds=[1], device="gpu")
+
+
 def test_duplicate_names_and_unknown_override_fields_are_refused(recipes, tmp_path):
     twice = _study_file(tmp_path, recipes, extra=[{"name": "pascal", "config": str(recipes["pascal"])}])
     with pytest.raises(ConfigError, match=r"recipes\[2\]\.name: duplicate recipe name 'pascal'"):

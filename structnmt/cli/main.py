@@ -228,7 +228,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         print(f"report written to {api.study_report(args.study, args.out, args.baseline)}")
         _no_damaged_records(args.study)
         return 0
-    result = api.run_study(args.study, jobs=args.jobs, executor=args.executor, only=args.only)
+    result = api.run_study(args.study, jobs=args.jobs, executor=args.executor, only=args.only, seeds=args.seeds,
+                           device=args.device, commit=True if args.commit else None)
     print(format_status(api.study_status(args.study)))
     left = {run: status for run, status in result["runs"].items() if status != "done"}
     if left:  # exit 1 says that much; the line says which runs and what to do
@@ -499,6 +500,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--executor", choices=["local", "slurm", "submitit-local"],
                    help="default: the study file's executor.kind; submitit-local runs the SLURM path here")
     s.add_argument("--only", nargs="+", metavar="RECIPE", help="run only these recipes")
+    s.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help="run only these seeds")
+    s.add_argument("--device", help="train every run here (auto, cpu, cuda, cuda:N): the study file's "
+                   "executor.device for this call")
+    s.add_argument("--commit", action="store_true",
+                   help="git-commit each record as it is written (executor.commit: true for this call)")
     s.set_defaults(func=cmd_study)
 
     s = sub.add_parser("export", help="a checkpoint for another engine (CTranslate2)")

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from structnmt.study.spec import Study, load_study
+from structnmt.study.spec import Study, is_device, load_study
 
 __all__ = ["Study", "format_status", "load_study", "run_study", "study_status"]
 
@@ -272,9 +272,12 @@ def prepare_datasets(study: Study, runs: list[tuple[str, int]]) -> dict[str, str
 
 
 def run_study(path: str | Path, jobs: int | None = None, executor: str | None = None,
-              only: list[str] | None = None, report: bool = True) -> dict[str, Any]:
-    """Run what is not yet recorded (all of it, or the recipes in ``only``), then report (when
-    nothing was left to run, a standing report is kept as it is).
+              only: list[str] | None = None, report: bool = True, seeds: list[int] | None = None,
+              device: str | None = None, commit: bool | None = None) -> dict[str, Any]:
+    """Run what is not yet recorded (all of it, or the recipes in ``only`` and the seeds in
+    ``seeds``), then report (when nothing was left to run, a standing report is kept as it is).
+    ``device`` and ``commit`` stand in for the study file's ``executor.device`` and
+    ``executor.commit`` in this call: one seed on a borrowed GPU without editing the file.
 
     Returns ``{"runs": {"recipe/seedN": status}, "report": path or None}``.
     """
@@ -293,10 +296,20 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
     if unknown:
         raise ConfigError(f"not a recipe of the study: {', '.join(unknown)} "
                           f"(recipes: {', '.join(r.name for r in study.recipes)})", "--only")
+    all_seeds = sorted({seed for _, seed in study.runs()})
+    if strange := sorted(set(seeds or []) - set(all_seeds)):
+        raise ConfigError(f"not a seed of the study: {', '.join(map(str, strange))} "
+                          f"(seeds: {', '.join(map(str, all_seeds))})", "--seeds")
+    if device is not None:
+        if not is_device(device):
+            raise ConfigError(f"expected auto, cpu, cuda or cuda:N (N a GPU's number), got {device!r}", "--device")
+        study.executor.device = device
+    if commit is not None:
+        study.executor.commit = commit
     todo = []
     recorded: list[str] = []  # the precisions of the current records
     for recipe, seed in study.runs():
-        if only and recipe not in only:
+        if (only and recipe not in only) or (seeds and seed not in seeds):
             continue
         if (damage := record_damage(study, recipe, seed)) is not None:  # never trained over: named
             _say(f"{recipe} seed {seed}: {damage}")

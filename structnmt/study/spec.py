@@ -93,12 +93,12 @@ class ExecutorSpec:
         _at_least(self.jobs, 1, f"{where}.jobs")
         _at_least(self.threads, 0, f"{where}.threads")
         _at_least(self.nice, 0, f"{where}.nice")
-        if self.device is not None and not _is_device(self.device):
+        if self.device is not None and not is_device(self.device):
             raise ConfigError(f"expected auto, cpu, cuda or cuda:N (N a GPU's number), got {self.device!r}",
                               f"{where}.device")
 
 
-def _is_device(value: str) -> bool:
+def is_device(value: str) -> bool:
     kind, colon, index = value.partition(":")
     if not colon:
         return value in ("auto", "cpu", "cuda")
