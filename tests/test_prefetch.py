@@ -4,8 +4,12 @@ comes home when a worker dies or a batch cannot be collated there."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -82,6 +86,82 @@ def test_a_killed_worker_sends_collation_home_with_the_same_batches(data_dir):
         got += [b for *_, b in stream]
         assert prefetch.pool is None and prefetch.note and "main process" in prefetch.note
     assert len(got) == len(want) and all(_same(w, g) for w, g in zip(want, got))
+
+
+def test_a_batch_collated_ahead_with_options_that_changed_is_collated_again(data_dir):
+    data = ParallelDataset(data_dir, "train")
+    multiple = {"now": 1}
+    here: list[int] = []
+
+    def collate_here(idx):
+        here.append(multiple["now"])
+        return collate(data, idx, FIELDS, multiple=multiple["now"])
+
+    with BatchPrefetcher(data, 1, collate_here) as prefetch:
+        stream = prefetch.collated(_stream(data, 1), lambda: {"fields": FIELDS, "multiple": multiple["now"]})
+        first = next(stream)[3]  # one more is being collated ahead with multiple 1
+        multiple["now"] = 16  # say, compiling fell back: the trainer's padding changed
+        rest = [b for *_, b in stream]
+    assert first.src.size(1) < 16 and all(b.src.size(1) % 16 == 0 for b in rest)
+    assert here == [16]  # the one collated ahead with the old options, redone here
+
+
+def _hang(indices, options):
+    time.sleep(3600)
+
+
+def test_a_hung_worker_is_killed_and_collation_comes_home(data_dir, monkeypatch):
+    import structnmt.data.prefetch as prefetch_module
+
+    monkeypatch.setattr(prefetch_module, "_collate_in_worker", _hang)  # forked workers run this
+    monkeypatch.setattr(prefetch_module, "WORKER_TIMEOUT_S", 0.5)
+    data = ParallelDataset(data_dir, "train")
+    want = [collate(data, idx, FIELDS) for *_, idx in _stream(data, 1)]
+    with BatchPrefetcher(data, 1, lambda idx: collate(data, idx, FIELDS)) as prefetch:
+        stream = prefetch.collated(_stream(data, 1), lambda: {"fields": FIELDS})
+        got = [b for *_, b in stream]
+        assert prefetch.pool is None and prefetch.note
+    assert all(_same(w, g) for w, g in zip(want, got)) and len(got) == len(want)
+    deadline = time.monotonic() + 10  # killed, not left to hang this process's exit
+    while multiprocessing.active_children() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not multiprocessing.active_children()
+
+
+def test_workers_die_with_the_trainer(data_dir, tmp_path):
+    script = tmp_path / "parent.py"
+    script.write_text(f"""
+import sys, time
+from pathlib import Path
+from structnmt.data.batching import collate
+from structnmt.data.dataset import ParallelDataset
+from structnmt.data.prefetch import BatchPrefetcher
+data = ParallelDataset(Path({str(data_dir)!r}), "train")
+prefetch = BatchPrefetcher(data, 2, lambda idx: collate(data, idx, {{"src": set(), "tgt": set()}}))
+fields = {{"src": set(), "tgt": set()}}
+stream = prefetch.collated(iter([(1, i, 9, [i]) for i in range(9)]), lambda: {{"fields": fields}})
+next(stream)
+print(" ".join(str(pid) for pid in prefetch.pool._processes), flush=True)
+time.sleep(60)
+""")
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True,
+                              cwd=Path(__file__).resolve().parents[1])
+    workers = [int(pid) for pid in parent.stdout.readline().split()]
+    assert len(workers) == 2 and all(_alive(pid) for pid in workers)
+    parent.kill()  # SIGKILL: no Python code of the parent runs
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while any(_alive(pid) for pid in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_alive(pid) for pid in workers)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().split(")")[-1].split()[0] != "Z"  # a zombie is dead
+    except FileNotFoundError:
+        return False
 
 
 def test_a_batch_the_workers_cannot_collate_raises_the_real_error_here(data_dir):

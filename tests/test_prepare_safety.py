@@ -200,6 +200,25 @@ def test_a_changed_input_is_refused_without_force(tmp_path: Path, capsys: pytest
     assert message.startswith(f"{tmp_path / 'train.conllu'} changed since the dataset was prepared")
 
 
+def test_a_dataset_carried_without_its_inputs_is_used_as_it_is(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    src, tgt, blocks = corpus()
+    config = experiment(tmp_path, src=src, tgt=tgt, blocks=blocks)
+    assert cli(capsys, "prepare", str(config))[0] == 0
+    meta = (tmp_path / "dataset" / "meta.json").read_bytes()
+    # a machine that has the prepared dataset but not the raw text (a borrowed GPU, a cluster node)
+    (tmp_path / "train.en").unlink()
+    (tmp_path / "train.de").rename(tmp_path / "elsewhere.de")
+    code, out, _ = cli(capsys, "prepare", str(config))
+    assert code == 0 and (tmp_path / "dataset" / "meta.json").read_bytes() == meta
+    assert (f"used as it is: its inputs are not on this machine ({tmp_path / 'train.en'} (splits.train.src) "
+            "and 1 more), so they cannot have changed") in out
+    # an input that is here is still checked
+    (tmp_path / "elsewhere.de").write_text("".join(t + "\n" for t in tgt[1:]))
+    (tmp_path / "elsewhere.de").rename(tmp_path / "train.de")
+    assert failing(capsys, "prepare", str(config)).startswith(
+        f"{tmp_path / 'train.de'} changed since the dataset was prepared (size ")
+
+
 def test_a_dataset_of_an_older_structnmt_is_rebuilt_only_with_force(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture) -> None:
     src, tgt, _ = corpus()

@@ -191,12 +191,16 @@ def _short(digest: str | None) -> str:
     return f"{digest[:12]}…" if digest else "none"
 
 
-def check_unchanged(recorded: dict, data: DataConfig, trees: str | None = None) -> None:
-    """Raise :class:`StaleDatasetError` naming the first input that differs from ``recorded``.
+def check_unchanged(recorded: dict, data: DataConfig, trees: str | None = None) -> list[str]:
+    """Raise :class:`StaleDatasetError` naming the first input that differs from ``recorded``;
+    return the inputs that are not on this machine (``"path (role)"``).
 
     ``recorded`` is the ``"inputs"`` entry of an existing dataset's ``meta.json``. Sizes are
     compared first (no hashing when they differ); equal sizes are hashed. ``trees`` is the
     SHA-256 of the trees file the parse cache is pinned to now (``structnmt trees import``).
+    An input that is absent cannot differ: a prepared dataset carried to a machine without its
+    raw text (a borrowed GPU, a cluster node) is used as it is, and the caller says which inputs
+    it could not check.
     """
     hint = "rerun with --force to rebuild"
     if recorded.get("trees") != trees:
@@ -206,12 +210,14 @@ def check_unchanged(recorded: dict, data: DataConfig, trees: str | None = None) 
         raise StaleDatasetError(f"the dataset was built from {what(recorded.get('trees'))}; the parse cache now "
                                 f"holds {what(trees)}; {hint}")
     old_files = recorded.get("files", {})
+    absent = []
     for role, path in input_files(data).items():
         old = old_files.get(role)
         if old is None or old.get("sha256") is None:
             continue  # a new role means a new config (compared by the caller); a pipe cannot be checked
         if not Path(path).exists():
-            raise StaleDatasetError(f"{path} ({role}) is gone since the dataset was prepared; {hint}")
+            absent.append(f"{path} ({role})")
+            continue
         size = file_record(path)["size"] if Path(path).is_dir() else Path(path).stat().st_size
         if size != old["size"]:
             raise StaleDatasetError(f"{path} changed since the dataset was prepared "
@@ -228,6 +234,7 @@ def check_unchanged(recorded: dict, data: DataConfig, trees: str | None = None) 
             raise StaleDatasetError(
                 f"the parser of data.{side}.parser (model {now.get('model')}) changed since the dataset was "
                 f"prepared (digest {_short(old.get('digest'))} -> {_short(now.get('digest'))}); {hint}")
+    return absent
 
 
 def config_digest(data_dict: dict) -> str:

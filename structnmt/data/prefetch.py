@@ -15,7 +15,10 @@ submitted; the trainer holds submission back until they are settled (``ready``).
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import multiprocessing
+import os
 import signal
 import sys
 from collections import deque
@@ -32,12 +35,27 @@ from structnmt.data.batching import collate
 
 #: batches collated ahead per worker
 AHEAD_PER_WORKER = 2
+#: seconds a batch may take in a worker before collation comes home (a hung worker never hangs training)
+WORKER_TIMEOUT_S = 120.0
 
 _dataset: Any = None  # the worker's dataset (set once, by the pool's initializer)
 
 
-def _start_worker(dataset: Any) -> None:
+def _libc_prctl() -> Any:
+    """libc's ``prctl``, loaded in the parent: loading a library after a fork of a threaded
+    process can deadlock."""
+    try:
+        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
+    except OSError:
+        return None
+
+
+def _start_worker(dataset: Any, parent: int, prctl: Any) -> None:
     global _dataset
+    if prctl is not None:  # the kernel kills the worker when the trainer dies, however it dies:
+        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (a fork keeps the run directory's lock open)
+        if os.getppid() != parent:
+            os._exit(1)
     _dataset = dataset
     torch.set_num_threads(1)  # workers share the cores with the main process's intra-op threads
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle (save, then stop)
@@ -68,14 +86,16 @@ class BatchPrefetcher:
         if workers > 0:
             # fork shares the memory-mapped dataset without pickling it; elsewhere it is pickled
             method = "fork" if sys.platform.startswith("linux") else "spawn"
+            prctl = _libc_prctl() if method == "fork" else None
             self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
-                                            initializer=_start_worker, initargs=(dataset,))
+                                            initializer=_start_worker, initargs=(dataset, os.getpid(), prctl))
 
     def collated(self, stream: Iterator[Item], options: Callable[[], dict[str, Any]],
                  ready: Callable[[], bool] = lambda: True) -> Iterator[tuple[int, int, int, Batch]]:
-        """``options()``: ``collate``'s keyword arguments for the next batch submitted; ``ready()``:
-        whether they are settled, so that batches may be collated ahead."""
-        ahead: deque[tuple[Item, Future[Batch | None]]] = deque()
+        """``options()``: ``collate``'s keyword arguments for the next batch; ``ready()``: whether
+        they are settled, so that batches may be collated ahead. A batch collated ahead with
+        options that differ from ``options()`` when it is used is collated again here."""
+        ahead: deque[tuple[Item, dict[str, Any], Future[Batch | None]]] = deque()
         exhausted = False
         while True:
             # pulled ahead by the same rule even after the workers stopped: the stream's epoch ends
@@ -85,10 +105,13 @@ class BatchPrefetcher:
                 if item is None:
                     exhausted = True
                     break
-                ahead.append((item, self._submit(item[3], options())))
+                opts = options()
+                ahead.append((item, opts, self._submit(item[3], opts)))
             if ahead:
-                item, future = ahead.popleft()
+                item, opts, future = ahead.popleft()
                 batch = self._result(future)
+                if batch is not None and opts != options():  # the trainer's options moved on
+                    batch = None
             else:
                 next_item = None if exhausted else next(stream, None)
                 if next_item is None:
@@ -108,14 +131,18 @@ class BatchPrefetcher:
 
     def _result(self, future: Future[Batch | None]) -> Batch | None:
         try:
-            return future.result()
-        except BrokenProcessPool:  # a worker was killed: collate here from now on
-            self._failed()
+            return future.result(timeout=WORKER_TIMEOUT_S)
+        except Exception:  # noqa: BLE001 - a killed or hung worker, a batch that could not be sent back
+            self._failed()  # (shared memory full): collate here from now on
             return None
 
     def _failed(self) -> Future[Batch | None]:
         if self.pool is not None:
+            workers = list(getattr(self.pool, "_processes", None) or ())  # their pids
             self.pool.shutdown(wait=False, cancel_futures=True)
+            for pid in workers:  # a hung worker would otherwise be waited for when the trainer exits
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
             self.pool = None
             self.note = "data workers stopped: training batches are collated in the main process from here on"
         done: Future[Batch | None] = Future()
@@ -123,7 +150,7 @@ class BatchPrefetcher:
         return done
 
     def close(self) -> None:
-        if self.pool is not None:
+        if self.pool is not None:  # the workers finish the batch at hand (milliseconds) and exit
             self.pool.shutdown(wait=True, cancel_futures=True)
             self.pool = None
 

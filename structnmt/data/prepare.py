@@ -202,8 +202,12 @@ def _keep_existing(out: Path, data: DataConfig, force: bool, verbose: bool) -> b
     if not same_config(old.get("data"), data):
         raise ConfigError(f"{out} holds a dataset prepared from a different config; "
                           "use --force to replace it", "data.dir")
-    check_unchanged(old["inputs"], data, pinned_to(cache_dir_of(data)))
-    if verbose:
+    absent = check_unchanged(old["inputs"], data, pinned_to(cache_dir_of(data)))
+    if verbose and absent:
+        more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""
+        print(f"{out}: prepared from this config; used as it is: its inputs are not on this machine "
+              f"({absent[0]}{more}), so they cannot have changed (meta.json keeps their sizes and SHA-256)")
+    elif verbose:
         print(f"{out}: already prepared from this config and these inputs (use --force to rebuild)")
     return True
 

@@ -169,7 +169,9 @@ class Trainer:
                 "fill_rows": self.bucketed and self.updater.aux_names == []}
 
     def _collation_settled(self) -> bool:
-        return not self.bucketed or self.updater.aux_names is not None
+        """After the first update: whether compiling worked (the length multiple) and whether the
+        model has auxiliary losses (filler rows) are known by then."""
+        return self.updater.aux_names is not None
 
     # -- batches ----------------------------------------------------------------
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:

@@ -1,0 +1,30 @@
+#!/bin/bash
+# One whole seed of a study on a borrowed GPU, its records copied to $OUT (or ./gpu_records) as
+# each run finishes, so that a loan cut short keeps every run it finished.
+#
+#   bash studies/gpu_seed.sh studies/multi30k_en_de_converged.yaml 5 [JOBS]
+#
+# The machine needs the prepared dataset, not the raw text: carry data/multi30k_en_de (38 MB)
+# with the working tree; prepare uses it as it is when its inputs are absent. Back on the
+# workstation, copy the record folders into studies/<study>/<recipe>/seed<N> and regenerate the
+# report (`structnmt study STUDY --report`); a seed goes in whole, or waits in studies/pending.
+set -uo pipefail
+study=$1
+seed=$2
+jobs=${3:-4}
+out=${OUT:-gpu_records}
+records=$(python -c "from structnmt.study import load_study; print(load_study('$study').records)")
+mkdir -p "$out"
+copy() {  # every record folder of this seed (a record folder appears whole, by a rename)
+  for dir in "$records"/*/seed"$seed"; do
+    [ -f "$dir/record.json" ] || continue
+    recipe=$(basename "$(dirname "$dir")")
+    mkdir -p "$out/$recipe" && cp -r "$dir" "$out/$recipe/"
+  done
+}
+(while sleep 20; do copy; done) &
+watcher=$!
+trap 'kill $watcher 2>/dev/null; copy' EXIT
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | tee "$out/gpu.txt"
+git rev-parse HEAD 2>/dev/null | tee "$out/commit.txt"
+structnmt study "$study" --seeds "$seed" --device cuda --jobs "$jobs" 2>&1 | tee "$out/study.log"
