@@ -12,6 +12,7 @@ set -uo pipefail
 study=$1
 seed=$2
 jobs=${3:-4}
+device=${DEVICE:-cuda}  # DEVICE=cpu: the same steps on a CPU (a check of this script)
 out=${OUT:-gpu_records}
 records=$(python -c "from structnmt.study import load_study; print(load_study('$study').records)")
 mkdir -p "$out"
@@ -27,4 +28,4 @@ watcher=$!
 trap 'kill $watcher 2>/dev/null; copy' EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | tee "$out/gpu.txt"
 git rev-parse HEAD 2>/dev/null | tee "$out/commit.txt"
-structnmt study "$study" --seeds "$seed" --device cuda --jobs "$jobs" 2>&1 | tee "$out/study.log"
+structnmt study "$study" --seeds "$seed" --device "$device" --jobs "$jobs" 2>&1 | tee "$out/study.log"
