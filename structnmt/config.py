@@ -366,7 +366,7 @@ class TrainingConfig:
     threads: int = 0  # torch intra-op threads; 0: library default
     deterministic: bool = False
     max_bad_steps: int = 10  # non-finite losses tolerated before the run stops
-    bucket_width: int = 0  # length bucketing granularity; 0: sort within a window
+    bucket_width: int = 0  # >0: batch by length rounded down to a multiple of it (data/batching.py); 0: exact
     tensorboard: bool = True
     progress: bool = True
 

@@ -209,6 +209,22 @@ def test_token_batches_are_deterministic_per_seed_and_epoch() -> None:
     assert [b.tolist() for b in ordered] == [b.tolist() for b in token_batches(src, tgt, 150, False, 9, 5)]
 
 
+def test_bucket_width_batches_lengths_within_the_width_and_keeps_the_budget() -> None:
+    src, tgt = lengths(600, 2)
+    sizes = np.maximum(src, tgt) + 1
+    exact = token_batches(src, tgt, 200, True, seed=4, epoch=1)
+    bucketed = token_batches(src, tgt, 200, True, seed=4, epoch=1, bucket_width=8)
+    zero = token_batches(src, tgt, 200, True, seed=4, epoch=1, bucket_width=0)  # the default: exact order
+    assert len(zero) == len(exact) and all(np.array_equal(a, b) for a, b in zip(exact, zero))
+    assert sorted(np.concatenate(bucketed).tolist()) == list(range(600))
+    assert all(len(b) * int(sizes[b].max()) <= 200 for b in bucketed)
+    # within a batch, lengths fall in at most two neighbouring buckets (a batch may close across
+    # a bucket boundary); exactly sorted windows give batches of (nearly) one length
+    spread = [int(sizes[b].max() - sizes[b].min()) for b in bucketed]
+    assert max(spread) < 2 * 8 and np.mean(spread) > np.mean([int(sizes[b].max() - sizes[b].min()) for b in exact])
+    assert [b.tolist() for b in bucketed] != [b.tolist() for b in exact]
+
+
 def test_an_example_longer_than_the_budget_gets_its_own_batch() -> None:
     batches = token_batches(np.array([3, 100, 4]), np.array([3, 5, 4]), 20, False, 0, 0)
     assert [b.tolist() for b in batches] == [[0, 2], [1]]

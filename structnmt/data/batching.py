@@ -56,6 +56,7 @@ def token_batches(
     num_shards: int = 1,
     shard: int = 0,
     window: int = SORT_WINDOW,
+    bucket_width: int = 0,
 ) -> list[np.ndarray]:
     """Example indices of each batch of one epoch, for process ``shard`` of ``num_shards``.
 
@@ -64,6 +65,9 @@ def token_batches(
     permutes the data with a generator seeded by (seed, epoch), sorts each window of
     ``window`` examples by length (similar lengths share a batch, little padding) and
     shuffles the batch order; without shuffling the whole set is sorted by length.
+    ``bucket_width`` (``training.bucket_width``) > 0 sorts each window by length rounded down to
+    a multiple of it instead, keeping the random order among examples of one bucket: batches
+    mix lengths within the width (more varied batches, a little more padding).
 
     Sharding (DDP): all processes plan the same global batches with a budget of
     ``max_tokens * num_shards`` and process r takes the r-th contiguous slice of each
@@ -88,7 +92,8 @@ def token_batches(
         rng = np.random.default_rng([seed, epoch])
         perm = rng.permutation(n)
         pieces = [perm[s:s + window] for s in range(0, n, window)]
-        order = np.concatenate([p[np.argsort(sizes[p], kind="stable")] for p in pieces])
+        keys = sizes // bucket_width if bucket_width > 0 else sizes
+        order = np.concatenate([p[np.argsort(keys[p], kind="stable")] for p in pieces])
         batches = _plan(order, sizes, budget, num_shards)
         batches = [batches[k] for k in rng.permutation(len(batches))]
     else:

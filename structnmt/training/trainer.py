@@ -148,6 +148,7 @@ class Trainer:
         return token_batches(
             dataset.src_lengths, dataset.tgt_lengths, self.t.max_tokens, shuffle=shuffle, seed=self.t.seed,
             epoch=epoch, num_shards=self.ctx.world_size if shard else 1, shard=self.ctx.rank if shard else 0,
+            bucket_width=self.t.bucket_width,
         )
 
     def collate(self, dataset: Any, indices: np.ndarray, fields: dict[str, set[str]], pad: bool = False) -> Batch:
