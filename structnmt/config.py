@@ -383,6 +383,7 @@ class TrainingConfig:
                   "valid_every", "early_stopping", "keep_last", "log_every", "num_workers", "threads",
                   "max_bad_steps", "bucket_width", "pad_to_multiple")
         _at_least(self, where, 1, "valid_beam")
+        check_beam(self.valid_beam, f"{where}.valid_beam")
 
 
 # ---------------------------------------------------------------------------

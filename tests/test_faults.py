@@ -152,6 +152,8 @@ BAD_NUMBERS = {
     "training.max_minutes=-1": "training.max_minutes: must not be negative, got -1.0",
     "training.keep_last=-2": "training.keep_last: must not be negative, got -2",
     "training.valid_beam=0": "training.valid_beam: must be at least 1, got 0",
+    "training.valid_beam=100000": "training.valid_beam: must be at most 1000, got 100000 (search memory and time "
+                                  "grow with the beam; one wider than the target vocabulary finds nothing more)",
     "training.lr=.nan": "training.lr: expected a finite number, got nan",
     "training.eps=0": "training.eps: must be positive",
     "model.d_model=0": "model.d_model: must be at least 1, got 0",
