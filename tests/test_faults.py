@@ -941,6 +941,33 @@ def test_every_writer_refuses_kernel_paths_directories_and_paths_under_a_file(
         assert failing(capsys, *_with(argv, out)).startswith(expected), out
 
 
+OUTPUT_DIR_COMMANDS = {  # command line with OUT where the output directory goes; the name it is known by
+    "download": (["download", "iwslt14-de-en", "--from", "RAW", "--out", "OUT"], "--out"),
+    "prepare multi30k": (["prepare", "multi30k", "--from", "RAW", "--out", "OUT"], "--out"),
+    "parser train": (["parser", "train", "--lang", "en", "--conllu", "RAW/x.conllu", "--out", "OUT"], "--out"),
+    "export ctranslate2": (["export", "ctranslate2", "RAW/best.pt", "OUT"], "OUT_DIR"),
+    "inspect": (["inspect", "trees", "RAW", "--out", "OUT"], "--out"),
+}
+
+
+@pytest.mark.parametrize("command", sorted(OUTPUT_DIR_COMMANDS))
+def test_an_output_directory_that_cannot_be_one_is_refused_before_any_work(
+        command: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    argv, argument = OUTPUT_DIR_COMMANDS[command]
+    (tmp_path / "a-file").write_text("x")
+    cases = {
+        tmp_path / "a-file": f"{argument}: {tmp_path / 'a-file'} is not a directory; give a directory name",
+        tmp_path / "a-file" / "out": f"{argument}: {tmp_path / 'a-file' / 'out'}: {tmp_path / 'a-file'} is a file, "
+                                     "not a directory",
+        Path("/proc/self/out"): f"{argument}: /proc/self/out: cannot write into /proc/self (/proc is the "
+                                "kernel's interface, not a place for files)",
+    }
+    for out, expected in cases.items():
+        line = [str(out) if a == "OUT" else a.replace("RAW", str(tmp_path / "nowhere")) for a in argv]
+        assert failing(capsys, *line).startswith(expected), (out, line)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]  # nothing made, nothing downloaded
+
+
 def test_report_plots_must_be_a_directory(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     _, argv = writer_argv(tmp_path)["report"]
     plots = a_device(tmp_path)

@@ -26,8 +26,17 @@ from structnmt.parsers.ud_train import PARSER_PRESETS
 # prepare / train
 
 
+def _output_dir(path: str | Path | None, argument: str) -> None:
+    """A directory the user named for a command's outputs, refused before any work if it cannot be one."""
+    from structnmt.io import check_output_path
+
+    if path is not None:
+        check_output_path(path, argument, directory=True)
+
+
 def cmd_prepare(args: argparse.Namespace) -> int:
     if args.config == "multi30k":
+        _output_dir(args.out, "--out")
         path = api.prepare_multi30k(args.pair, args.from_dir, args.out, args.parser, force=args.force,
                                     base_url=args.base_url)
     else:
@@ -44,6 +53,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_download(args: argparse.Namespace) -> int:
+    _output_dir(args.out, "--out")
     api.download(args.corpus, args.out, args.from_dir, args.base_url)
     return 0
 
@@ -67,6 +77,7 @@ def cmd_export(args: argparse.Namespace) -> int:
     from structnmt.decoding.ctranslate2_export import check_quantization
 
     check_quantization(args.quantization, "--quantization")  # named as typed, before the model loads
+    _output_dir(args.out_dir, "OUT_DIR")
     out = api.export_ctranslate2(args.checkpoint, args.out_dir, dataset=args.dataset,
                                  quantization=args.quantization, force=args.force)
     print(f"CTranslate2 model written to {out}")
@@ -181,6 +192,7 @@ def cmd_plot_curves(args: argparse.Namespace) -> int:
 
 
 def cmd_parser_train(args: argparse.Namespace) -> int:
+    _output_dir(args.out, "--out")
     path = api.train_parser(args.lang, args.conllu, args.out, args.dev, args.preset, args.shared, steps=args.steps,
                             eval_frequency=args.eval_frequency)
     print(f"parser written to {path}")
@@ -207,6 +219,7 @@ def cmd_parser_evaluate(args: argparse.Namespace) -> int:
 
 def cmd_inspect(args: argparse.Namespace) -> int:
     out = Path(args.out or Path(args.run) / "inspect")
+    _output_dir(out, "--out")
     scores = api.inspect(args.run, args.what, args.checkpoint, args.split, args.side, args.layer, args.gold,
                          args.gold_format, args.boundary, args.dataset, out, args.device, args.conllu, args.src,
                          args.tgt, parser_uas=args.parser_uas or args.parser is not None, parser=args.parser,
