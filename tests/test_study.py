@@ -484,7 +484,8 @@ def test_the_submitit_path_runs_a_study_with_its_local_executor(recipes, tmp_pat
 
 
 @pytest.mark.parametrize("name, budget", [("multi30k_en_de", 1200), ("multi30k_en_fr", 1200),
-                                          ("syncattn_lambda", 1200), ("multi30k_en_de_converged", 3200)])
+                                          ("syncattn_lambda", 1200), ("multi30k_en_de_converged", 3200),
+                                          ("multi30k_en_fr_converged", 3200)])
 def test_the_committed_study_files_are_valid(name, budget, monkeypatch):
     monkeypatch.chdir(ROOT)  # recipes are named from the project's root
     study = load_study(Path("studies") / f"{name}.yaml")
