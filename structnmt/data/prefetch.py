@@ -16,7 +16,6 @@ submitted; the trainer holds submission back until they are settled (``ready``).
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import multiprocessing
 import os
 import signal
@@ -32,6 +31,7 @@ import torch
 
 from structnmt.data.batch import Batch
 from structnmt.data.batching import collate
+from structnmt.processes import die_with_parent, libc_prctl
 
 #: batches collated ahead per worker
 AHEAD_PER_WORKER = 2
@@ -41,21 +41,12 @@ WORKER_TIMEOUT_S = 120.0
 _dataset: Any = None  # the worker's dataset (set once, by the pool's initializer)
 
 
-def _libc_prctl() -> Any:
-    """libc's ``prctl``, loaded in the parent: loading a library after a fork of a threaded
-    process can deadlock."""
-    try:
-        return ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except OSError:
-        return None
-
-
 def _start_worker(dataset: Any, parent: int, prctl: Any) -> None:
     global _dataset
-    if prctl is not None:  # the kernel kills the worker when the trainer dies, however it dies:
-        prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG (a fork keeps the run directory's lock open)
-        if os.getppid() != parent:
-            os._exit(1)
+    # the kernel kills the worker when the trainer dies, however it dies (a fork keeps the run
+    # directory's lock open)
+    if not die_with_parent(prctl, signal.SIGKILL, parent):
+        os._exit(1)
     _dataset = dataset
     torch.set_num_threads(1)  # workers share the cores with the main process's intra-op threads
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the trainer's to handle (save, then stop)
@@ -86,7 +77,7 @@ class BatchPrefetcher:
         if workers > 0:
             # fork shares the memory-mapped dataset without pickling it; elsewhere it is pickled
             method = "fork" if sys.platform.startswith("linux") else "spawn"
-            prctl = _libc_prctl() if method == "fork" else None
+            prctl = libc_prctl() if method == "fork" else None
             self.pool = ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context(method),
                                             initializer=_start_worker, initargs=(dataset, os.getpid(), prctl))
 

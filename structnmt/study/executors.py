@@ -14,7 +14,6 @@ checkpoint, since every run resumes from its own run folder.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import os
 import signal
@@ -26,6 +25,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from structnmt.errors import ConfigError
+from structnmt.processes import die_with_parent, libc_prctl
 from structnmt.study.runs import BUSY, DONE, FAILED_STATUS, INTERRUPTED, RECORD, execute_run, write_failure
 from structnmt.study.spec import Study
 
@@ -37,10 +37,7 @@ def _child_setup(niceness: int) -> Callable[[], None]:
     than the study's own), and ask the kernel for
     SIGTERM when the study dies (Linux ``PR_SET_PDEATHSIG``). libc is loaded here, in the
     parent, because loading a library after a fork of a threaded process can deadlock."""
-    try:
-        prctl = ctypes.CDLL("libc.so.6", use_errno=True).prctl
-    except OSError:
-        prctl = None
+    prctl = libc_prctl()
     parent = os.getpid()
 
     autogroup = niceness > 0 and _autogroups()
@@ -58,10 +55,8 @@ def _child_setup(niceness: int) -> Callable[[], None]:
             os.setsid()
             with contextlib.suppress(OSError), open("/proc/self/autogroup", "w") as group:
                 group.write(str(niceness))
-        if prctl is not None:
-            prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-            if os.getppid() != parent:  # the study died before prctl: stop now
-                os.kill(os.getpid(), signal.SIGTERM)
+        if not die_with_parent(prctl, signal.SIGTERM, parent):  # the study died before the request
+            os.kill(os.getpid(), signal.SIGTERM)
     return setup
 
 

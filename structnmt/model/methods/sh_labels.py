@@ -96,8 +96,12 @@ class ShLabels(Method[ShLabelsParams]):
                             "parser (data.src.parser) and translate with it")
         labels = struct["labels"]
         n_labels = self.table.num_embeddings
-        if not torch.compiler.is_compiling() and labels.numel() and bool(((labels < 0) | (labels >= n_labels)).any()):
-            raise ConfigError(f"the data holds dependency-label id {int(labels.max())}, outside the table of "
-                              f"{n_labels} labels: raise n_labels to the size of meta.json's label list",
-                              "sh_labels.n_labels")
+        if not torch.compiler.is_compiling() and labels.numel():
+            outside = ((labels < 0) | (labels >= n_labels)).any()
+            if labels.device.type == "cuda":  # checked on the device: a host read would stall every step
+                torch._assert_async(~outside, f"sh_labels: a dependency-label id is outside the table of {n_labels}")
+            elif bool(outside):
+                raise ConfigError(f"the data holds dependency-label id {int(labels.max())}, outside the table "
+                                  f"of {n_labels} labels: raise n_labels to the size of meta.json's label list",
+                                  "sh_labels.n_labels")
         return replace_last_dims(x, self.table(labels) * self.scale, struct["valid"])
