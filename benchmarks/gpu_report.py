@@ -51,6 +51,7 @@ import functools
 import gc
 import json
 import math
+import os
 import shutil
 import signal
 import statistics
@@ -324,8 +325,10 @@ def machine_info(dry: bool) -> dict[str, Any]:
     if commit:
         dirty = _quiet(["git", "status", "--porcelain", "--untracked-files=no"])
         info["commit"] = commit + (" with uncommitted changes" if dirty else "")
+    elif os.environ.get("STRUCTNMT_COMMIT", "").strip():  # a copy of the tree without .git (a borrowed GPU)
+        info["commit"] = os.environ["STRUCTNMT_COMMIT"].strip()[:7] + " (as STRUCTNMT_COMMIT names it; no git here)"
     else:
-        info["commit"] = "unknown (no git repository here)"
+        info["commit"] = "unknown (no git repository here; STRUCTNMT_COMMIT unset)"
     info["training.cuda_graphs"] = "a config key here" if cuda_graphs_known() else NOT_AVAILABLE
     if dry:
         info["mode"] = "CPU dry run (--cpu): tiny sizes; every figure is meaningless"

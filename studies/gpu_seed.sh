@@ -5,8 +5,8 @@
 #   bash studies/gpu_seed.sh studies/multi30k_en_de_converged.yaml 5 [JOBS]
 #
 # The machine needs the prepared dataset, not the raw text: carry data/multi30k_en_de (38 MB)
-# with the working tree; prepare uses it as it is when its inputs are absent. Back on the
-# workstation, copy the record folders into studies/<study>/<recipe>/seed<N> and regenerate the
+# and .whl (benchmarks/gpu_wheels.sh; 3 MB) with the working tree; prepare uses the dataset as
+# it is when its inputs are absent. Back on the workstation, copy the record folders into studies/<study>/<recipe>/seed<N> and regenerate the
 # report (`structnmt study STUDY --report`); a seed goes in whole, or waits in studies/pending.
 set -uo pipefail
 study=$1
@@ -14,7 +14,10 @@ seed=$2
 jobs=${3:-4}
 device=${DEVICE:-cuda}  # DEVICE=cpu: the same steps on a CPU (a check of this script)
 out=${OUT:-gpu_records}
-records=$(python -c "from structnmt.study import load_study; print(load_study('$study').records)")
+# a GPU image has neither structnmt's command nor some of its pure-Python needs: the carried
+# wheels (.whl, from benchmarks/gpu_wheels.sh) and this checkout stand in
+command -v structnmt > /dev/null 2>&1 || source "$(dirname "$0")/../benchmarks/gpu_env.sh"
+records=$(python3 -c "from structnmt.study import load_study; print(load_study('$study').records)")
 mkdir -p "$out"
 copy() {  # every record folder of this seed (a record folder appears whole, by a rename)
   for dir in "$records"/*/seed"$seed"; do
@@ -27,5 +30,5 @@ copy() {  # every record folder of this seed (a record folder appears whole, by 
 watcher=$!
 trap 'kill $watcher 2>/dev/null; copy' EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | tee "$out/gpu.txt"
-git rev-parse HEAD 2>/dev/null | tee "$out/commit.txt"
+{ git rev-parse HEAD 2>/dev/null || echo "${STRUCTNMT_COMMIT:-not known: no .git here and STRUCTNMT_COMMIT unset}"; } | tee "$out/commit.txt"
 structnmt study "$study" --seeds "$seed" --device "$device" --jobs "$jobs" 2>&1 | tee "$out/study.log"

@@ -1228,3 +1228,18 @@ def test_training_cuda_graphs_at_auto_keeps_the_digest_it_had_before_the_key():
     assert "cuda_graphs" not in train_view(auto)["training"]
     on = config_from_dict({"training": {"cuda_graphs": "on"}})
     assert train_view(on)["training"]["cuda_graphs"] == "on" and config_digest(on) != config_digest(auto)
+
+
+def test_a_copy_without_git_names_the_commit_it_was_made_from(monkeypatch):
+    # a borrowed GPU machine gets the working tree without .git: the record keeps the commit the
+    # command names (STRUCTNMT_COMMIT), and None when nothing names one
+    from structnmt.study import provenance
+
+    def no_git(*args, **kwargs):
+        raise FileNotFoundError("git")
+
+    monkeypatch.setattr(provenance.subprocess, "run", no_git)
+    monkeypatch.delenv("STRUCTNMT_COMMIT", raising=False)
+    assert provenance.git_commit() is None
+    monkeypatch.setenv("STRUCTNMT_COMMIT", " 0123456789abcdef0123456789abcdef01234567\n")
+    assert provenance.git_commit() == "0123456789abcdef0123456789abcdef01234567"

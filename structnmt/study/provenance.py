@@ -93,7 +93,9 @@ def versions() -> dict[str, str | None]:
 
 
 def git_commit() -> str | None:
-    """structnmt's commit (``+dirty`` when tracked files differ from it), or None outside a checkout."""
+    """structnmt's commit (``+dirty`` when tracked files differ from it); outside a checkout (a
+    copy of the working tree on a borrowed GPU machine has no ``.git``) the commit the copy was
+    made from, as ``STRUCTNMT_COMMIT`` names it, else None."""
     where = Path(__file__).resolve().parent
     try:
         commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,
@@ -101,8 +103,10 @@ def git_commit() -> str | None:
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "structnmt"],
                                cwd=where.parent.parent, capture_output=True, text=True, timeout=30).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None
-    return commit + ("+dirty" if dirty else "") if commit else None
+        commit, dirty = "", ""
+    if not commit:
+        return os.environ.get("STRUCTNMT_COMMIT", "").strip() or None
+    return commit + ("+dirty" if dirty else "")
 
 
 def corpora_digests(data_dir: str | Path) -> dict[str, str]:
