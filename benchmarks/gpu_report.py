@@ -89,13 +89,12 @@ RUN_ORDER = ["peak", "methods", "decoding", "joey", "training"]
 BUDGET = {"peak": 0.03, "methods": 0.17, "decoding": 0.12, "joey": 0.20, "training": 0.48}
 JOEY_ABSENT = "not measured: Joey NMT is not installed"
 JOEY_INSTALL = (
-    "To bring it to a machine without network: on a machine with network and the same Python version, "
-    "`python -m pip wheel -w joey-wheels joeynmt==2.3.0 'importlib_metadata<10' sentencepiece==0.2.0` "
-    "(then delete the torch, triton, nvidia_* and cuda_* wheels from it: the GPU machine has its own torch), "
-    "carry `joey-wheels` over, and there `python -m pip install --no-index --find-links joey-wheels "
-    "joeynmt==2.3.0 'importlib_metadata<10' sentencepiece==0.2.0` (into this interpreter, or a venv made "
-    "with `--system-site-packages` and named with `--joey-python`). importlib_metadata 10.x needs "
-    "lazy_importer, hence the pin.")
+    "To bring it to a machine without network: on a machine with network, `bash benchmarks/gpu_wheels.sh` "
+    "fetches Joey NMT 2.3.0 with importlib_metadata<10 (10.x needs lazy_importer, hence the pin) and structnmt's "
+    "other missing needs as pure-Python wheels for Python 3.12 into `.whl/`; carry `.whl` over and start the "
+    "command there with `source benchmarks/gpu_env.sh`, which runs `python3 -m pip install --no-index --no-deps "
+    "--target /tmp/site .whl/*.whl` and puts them on PYTHONPATH (or name an interpreter that has Joey NMT "
+    "with `--joey-python`).")
 #: the words of a variant this commit's toolkit has no setting for (training.cuda_graphs)
 NOT_AVAILABLE = "not available at this commit"
 
@@ -462,6 +461,52 @@ def timed_updates(run: Run, updater: Any, batch: Any, n: int, graphs: bool) -> f
     return time.perf_counter() - started
 
 
+def host_syncs(run: Run, updater: Any, batches: list[Any]) -> dict[str, Any] | None:
+    """The synchronising CUDA calls of one update (``torch.cuda.set_sync_debug_mode``): a step that
+    reads the device (``.item()``, a ``nonzero``, a copy to the host) waits for the GPU and leaves
+    it idle while Python catches up. None off CUDA, where nothing is asynchronous."""
+    import warnings
+
+    import torch
+
+    if run.device.type != "cuda":
+        return None
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            updater.update(batches)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    found = [w for w in caught if "synchroniz" in str(w.message)]
+    where = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in found})
+    return {"count": len(found), "where": where[:8]}
+
+
+def syncs_cell(found: dict[str, Any] | None) -> str:
+    if found is None:
+        return "-"
+    return str(found["count"]) + (f" ({', '.join(found['where'])})" if found["where"] else "")
+
+
+def accumulate_check(run: Run, shape: Shape, updater: Any, batch: Any) -> dict[str, Any]:
+    """CUDA graphs with ``training.accumulate`` 2: three updates of two micro-batches each through
+    the graphs' updater (every micro-batch replays the same graphs): finite losses, no new graph,
+    no graph skipped by inductor, and the host syncs of one such update."""
+    from torch._dynamo.utils import counters
+
+    from structnmt.training.compiled import graphs_compiled
+
+    other = fixed_batch(shape, run.device, seed=2)
+    before, skips = graphs_compiled(), counters["inductor"]["cudagraph_skips"]
+    losses = [float(updater.update([batch, other]).loss) for _ in range(3)]
+    found = host_syncs(run, updater, [batch, other])
+    run.sync()
+    return {"losses": losses, "finite": all(math.isfinite(v) for v in losses),
+            "new_graphs": graphs_compiled() - before, "skips": counters["inductor"]["cudagraph_skips"] - skips,
+            "host_syncs": found}
+
+
 def warm_up(run: Run, shape: Shape, precision: str, mode: str, batch: Any) -> tuple[Any, float]:
     """(updater, seconds of its first three updates, compilation included); ``NotMeasured`` where the
     mode did not run as asked. Each mode trains its own model from the same initialisation (so that
@@ -536,13 +581,32 @@ def training_cell(run: Run, sec: Section, shape_key: str, precision: str, deadli
         for mode in order:
             seconds = timed_updates(run, done[mode]["updater"], batch, steps, mode == "graphs")
             done[mode]["rates"].append(steps * shape.tokens / seconds)
+    for mode, entry in done.items():  # after the timing: the sync check's own overhead is not timed
+        try:
+            entry["syncs"] = host_syncs(run, entry["updater"], [batch])
+        except Exception as err:
+            entry["syncs"] = None
+            remember_error(sec, f"{shape_key} {precision} {mode} host syncs", err)
+    if "graphs" in done and shape_key == "small":
+        try:
+            check = accumulate_check(run, shape, done["graphs"]["updater"], batch)
+        except Exception as err:
+            check = {"error": one_line(err)}
+            remember_error(sec, f"{shape_key} {precision} CUDA graphs with accumulate 2", err)
+        sec.data.setdefault("accumulate", []).append({"precision": precision, **check})
+        sec.notes.append(f"{shape.name}, {precision}, CUDA graphs with `training.accumulate` 2 (3 updates of two "
+                         "micro-batches): " + (f"failed: {check['error']}" if "error" in check else
+                         f"losses {', '.join(f'{v:.4f}' for v in check['losses'])}"
+                         f"{'' if check['finite'] else ' (**not finite**)'}, {check['new_graphs']} new graph(s), "
+                         f"{check['skips']} skipped by inductor, host syncs in one update: "
+                         f"{syncs_cell(check['host_syncs'])}."))
     eager_rate = statistics.median(done["eager"]["rates"]) if done.get("eager", {}).get("rates") else None
     for mode in MODES:
         name = MODE_LABEL[mode] + (" (dry run: dynamo's eager backend)" if run.dry and mode != "eager" else "")
         cell = {"shape": shape_key, "precision": precision, "mode": mode}
         if mode in missing or not done.get(mode, {}).get("rates"):
             why = missing.get(mode, "not measured: no timed block")
-            sec.rows.append([shape.name, precision, name, why, "", "", "", "", "", ""])
+            sec.rows.append([shape.name, precision, name, why, "", "", "", "", "", "", ""])
             sec.data.setdefault("cells", []).append({**cell, "not_measured": why})
             continue
         entry = done[mode]
@@ -554,12 +618,13 @@ def training_cell(run: Run, sec: Section, shape_key: str, precision: str, deadli
         sec.rows.append([shape.name, precision, name, fmt_rate(rate), f"{1000 * shape.tokens / rate:.1f}",
                          fmt_flops(achieved), f"{achieved / peak:.1%}",
                          f"{rate / eager_rate:.2f}x" if eager_rate else "", note,
-                         common.mib(entry["memory"]) if entry["memory"] is not None else "-"])
+                         common.mib(entry["memory"]) if entry["memory"] is not None else "-",
+                         syncs_cell(entry.get("syncs"))])
         sec.data.setdefault("cells", []).append({
             **cell, "tokens_per_s": rate, "rates": entry["rates"], "steps_per_block": steps,
             "matmul_flops_per_update": flops, "achieved_flops": achieved, "peak": peak, "peak_kind": peak_key,
             "share_of_peak": achieved / peak, "warm_up_s": entry["warm_s"], "graphs": entry["graphs"],
-            "cudagraph_skips": entry["skips"], "peak_memory": entry["memory"]})
+            "cudagraph_skips": entry["skips"], "peak_memory": entry["memory"], "host_syncs": entry.get("syncs")})
     del done, batch
     torch._dynamo.reset()  # frees the compiled graphs (and CUDA graph pools) before the next shape
     gc.collect()
@@ -585,23 +650,25 @@ def section_training(run: Run, sec: Section, deadline: float) -> None:
         f"(bench_train.py's count, x3 for the backward) over the time; share against the 8,192 peak of the "
         f"precision (bf16; {fp32_peak}). Warm-up: the first three updates, compilation included; memory: "
         "the mode's own (model, optimiser, activations): `torch.cuda.max_memory_allocated` over its warm-up, less "
-        "what the modes before it held.")
+        "what the modes before it held. Host syncs: the synchronising CUDA calls of one more update, after "
+        "the timing, under `torch.cuda.set_sync_debug_mode(\"warn\")` (the goal is none; where they are, by "
+        "file and line); \"-\" off CUDA.")
     sec.header = ["shape", "precision", "mode", "target tokens/s", "ms/update", "matmul FLOP/s", "share of peak",
-                  "against eager", "warm-up", "peak memory"]
+                  "against eager", "warm-up", "peak memory", "host syncs in an update"]
     estimate: dict[str, float] = {}
     for precision in run.args.precisions:
         for shape_key in run.args.shapes:
             if time.monotonic() > deadline:
                 for mode in MODES:
                     sec.rows.append([sizes[shape_key].name, precision, MODE_LABEL[mode],
-                                     "not measured: the section's time budget ran out", "", "", "", "", "", ""])
+                                     "not measured: the section's time budget ran out", "", "", "", "", "", "", ""])
                 continue
             try:
                 training_cell(run, sec, shape_key, precision, deadline, estimate)
             except Exception as err:  # the other cells still run
                 remember_error(sec, f"{shape_key} {precision}", err)
                 sec.rows.append([sizes[shape_key].name, precision, "all modes", f"not measured: {one_line(err)}",
-                                 "", "", "", "", "", ""])
+                                 "", "", "", "", "", "", ""])
                 print(f"{shape_key} {precision}: {one_line(err)}", flush=True)
                 torch._dynamo.reset()
                 gc.collect()

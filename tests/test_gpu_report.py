@@ -87,6 +87,12 @@ def test_the_dry_run_goes_through_every_section(tmp_path):
         assert cell["tokens_per_s"] > 0 and cell["share_of_peak"] > 0, cell
         assert len(cell["rates"]) == 3 and cell["peak_kind"] == cell["precision"], cell
         assert cell["mode"] == "eager" or cell["graphs"] >= 1, cell  # compiled through the toolkit's own route
+        assert cell["host_syncs"] is None, cell  # checked on CUDA only: nothing on the CPU is asynchronous
+    if graphs_known:  # CUDA graphs with accumulation: the small shape, each precision, three finite losses
+        checks = sections["training"]["data"]["accumulate"]
+        assert sorted(c["precision"] for c in checks) == ["bf16", "fp32"], checks
+        assert all("error" not in c and c["finite"] and len(c["losses"]) == 3 for c in checks), checks
+        assert "CUDA graphs with `training.accumulate` 2" in report
 
     methods = sections["methods"]["data"]
     assert set(methods) == set(all_cases()) - {"vanilla"}, methods.keys()
@@ -137,3 +143,42 @@ def test_the_driver_line():
     assert g.driver_of(None, "NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15\nGCC\n").endswith(
         "550.54.15 (no nvidia-smi)")
     assert g.driver_of(None, None).startswith("unknown")
+
+
+def test_host_syncs_are_counted_by_where_they_happen(monkeypatch):
+    # on CUDA each synchronising call of an update is one warning under set_sync_debug_mode("warn"):
+    # counted, and named by file and line; the mode is set back whatever the update does
+    import warnings
+
+    g = module()
+    modes = []
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+
+    class Run:
+        device = torch.device("cuda")
+
+    class Updater:
+        def update(self, batches):
+            for _ in batches:
+                warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+            warnings.warn("an unrelated warning", UserWarning, stacklevel=1)
+
+    found = g.host_syncs(Run(), Updater(), [1, 2])
+    line = Updater.update.__code__.co_firstlineno + 2  # the first warn's line
+    assert found["count"] == 2 and found["where"] == [f"test_gpu_report.py:{line}"]
+    assert modes == ["warn", "default"]
+    assert g.syncs_cell(found) == f"2 ({found['where'][0]})" and g.syncs_cell(None) == "-"
+    assert g.syncs_cell({"count": 0, "where": []}) == "0"
+
+    class Failing:
+        def update(self, batches):
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError):
+        g.host_syncs(Run(), Failing(), [1])
+    assert modes[-1] == "default"
+
+    class Cpu:
+        device = torch.device("cpu")
+
+    assert g.host_syncs(Cpu(), Updater(), [1]) is None  # nothing on the CPU is asynchronous
