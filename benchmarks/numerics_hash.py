@@ -8,6 +8,7 @@ the final weights and the hypotheses. Run it in two checkouts and diff the outpu
     python benchmarks/numerics_hash.py /tmp/numerics > new.txt
     (cd ../other-checkout && python /path/to/benchmarks/numerics_hash.py /tmp/numerics) > old.txt
     diff old.txt new.txt
+    python benchmarks/numerics_hash.py --compare new.txt old.txt   # per precision, over the cases both have
 
 The script imports ``structnmt`` and ``tests`` from the current directory, so the same file serves
 both checkouts; the work directory (the prepared synthetic dataset) is shared between them.
@@ -27,8 +28,15 @@ import torch  # noqa: E402
 import tests.registry_cases as registry  # noqa: E402
 from structnmt.data.batch import PAD_ID  # noqa: E402
 from structnmt.model.losses import label_smoothed_nll  # noqa: E402
-from structnmt.model.search import beam_search  # noqa: E402
-from tests.test_fused_structure import EXTRA  # noqa: E402
+
+try:
+    from structnmt.model.search import beam_search  # noqa: E402
+except ImportError:  # checkouts before beam search moved into the model package (e.g. b1afacd)
+    from structnmt.decoding.search import beam_search  # noqa: E402
+try:
+    from tests.test_fused_structure import EXTRA  # noqa: E402
+except ImportError:  # checkouts before the route variants: the registry's cases alone
+    EXTRA = {}
 
 
 def case_hash(case: str, precision: str, dataset: Path, vocab: int) -> str:
@@ -56,11 +64,35 @@ def case_hash(case: str, precision: str, dataset: Path, vocab: int) -> str:
     return digest.hexdigest()[:16]
 
 
+def compare(files: list[Path]) -> None:
+    """Each file's hashes against the first's, per precision, over the cases both have."""
+    def load(file: Path) -> dict[tuple[str, str], str]:
+        rows = (line.split() for line in file.read_text().splitlines() if line.strip())
+        return {(case, precision): value for case, precision, value in rows}
+
+    first = load(files[0])
+    for file in files[1:]:
+        other = load(file)
+        for precision in ("bf16", "fp32"):
+            keys = sorted(k for k in set(first) & set(other) if k[1] == precision)
+            differ = [case for case, _ in keys if first[(case, precision)] != other[(case, precision)]]
+            print(f"{file.name} {precision}: {len(keys) - len(differ)} of {len(keys)} cases the same as "
+                  f"{files[0].name}" + (f"; differ: {', '.join(differ)}" if differ else ""))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("work", type=Path, help="work directory for the synthetic dataset (shared by both runs)")
+    parser.add_argument("work", type=Path, nargs="?",
+                        help="work directory for the synthetic dataset (shared by both runs)")
     parser.add_argument("cases", nargs="*", help="cases to run (default: all)")
+    parser.add_argument("--compare", nargs="+", type=Path, metavar="FILE",
+                        help="compare saved outputs (each against the first) instead of hashing")
     args = parser.parse_args()
+    if args.compare:
+        compare(args.compare)
+        return
+    if args.work is None:
+        parser.error("the work directory is required (or --compare FILE ...)")
     torch.set_num_threads(1)
     registry.CASES.update(EXTRA)
     ready = args.work / "dataset.txt"

@@ -46,7 +46,8 @@ def runs_table(records: list[tuple[str, int, dict[str, Any], bool]]) -> list[str
              "best val BLEU (update) | finished |", "|---:|---|---|---:|---|---:|---|---|---|"]
     for recipe, seed, record, held in records:
         calls = [c for c in record.get("calls") or [] if isinstance(c, dict)]
-        resumes = ", ".join(str(c.get("from_step")) for c in calls[1:]) or "–"
+        resumes = ", ".join(f"restarted at {c.get('from_step')}" if not c.get("from_step") else str(c.get("from_step"))
+                            for c in calls[1:]) or "–"
         threads = sorted({c.get("threads") for c in calls if c.get("threads")} or {record.get("threads")})
         best = max(record.get("valid") or [{}], key=lambda v: v.get("bleu", float("-inf")))
         lines.append(f"| {seed} | {recipe}{' (held)' if held else ''} | {machine(record)} | "
@@ -73,8 +74,9 @@ def validation(records: list[tuple[str, int, dict[str, Any], bool]], late: int) 
         later = [v for v in valid if v["step"] >= late]
         moves += [(b["bleu"] - a["bleu"], f"{recipe} seed {seed}, {a['step']}→{b['step']}")
                   for a, b in zip(later, later[1:], strict=False)]
-        rises = all(v["loss"] > low["loss"] for v in valid if v["step"] > low["step"])
-        after = "higher at every later check" if rises else "not higher at every later check"
+        later_losses = [v["loss"] for v in valid if v["step"] > low["step"]]
+        after = ("the last check" if not later_losses else "higher at every later check"
+                 if all(loss > low["loss"] for loss in later_losses) else "not higher at every later check")
         lines.append(f"- {recipe} seed {seed}{' (held)' if held else ''}: {curve}; lowest loss at {low['step']} "
                      f"({low['loss']:.4f}, {after}), best BLEU at {best['step']}")
     if minima:
@@ -83,8 +85,8 @@ def validation(records: list[tuple[str, int, dict[str, Any], bool]], late: int) 
                       f"{best_last} of {len(minima)} runs."]
     if moves:
         up, down = max(moves), min(moves)
-        lines.append(f"Largest move between checks from update {late} on: +{up[0]:.2f} ({up[1]}), "
-                     f"{down[0]:.2f} ({down[1]}).")
+        lines.append(f"Largest move between checks from update {late} on: {up[0]:+.2f} ({up[1]}), "
+                     f"{down[0]:+.2f} ({down[1]}).")
     return lines
 
 

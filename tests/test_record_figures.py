@@ -32,13 +32,19 @@ def test_validation_and_runs_figures_come_from_the_records(tmp_path):
 
     text = "\n".join(figures.validation(records, late=800))
     assert "lowest loss at 800 (3.0000, higher at every later check), best BLEU at 1200" in text
-    assert "lpsi seed 2 (held)" in text and "lowest loss at 1200 (2.8000" in text
+    assert "lpsi seed 2 (held)" in text and "lowest loss at 1200 (2.8000, the last check)" in text
     assert "Lowest losses 2.8000–3.0000, at updates 800, 1200; best BLEU at the last check in 0 of 2 runs." in text
     assert "Largest move between checks from update 800 on: +3.50 (vanilla seed 1, 800→1200), " \
            "-2.50 (vanilla seed 1, 1200→1600)." in text
+    late = "\n".join(figures.validation(records, late=1200))  # every move from 1200 on is down
+    assert "from update 1200 on: -1.00 (lpsi seed 2, 800→1200)" not in late
+    assert "from update 1200 on: -1.00 (lpsi seed 2, 1200→" not in late
+    assert "from update 1200 on: -2.50 (vanilla seed 1, 1200→1600), -2.50 (vanilla seed 1, 1200→1600)." in late
 
     rows = figures.runs_table(records)
     assert "| 1 | vanilla | Test CPU | 1/2 | bfloat16 | 10.0 | 400 | 23.50 (1200) | 2026-01-01T00:00 |" in rows
+    restarted = [{**records[0][2], "calls": [{"from_step": 0, "threads": 1}, {"from_step": 0, "threads": 1}]}]
+    assert "| restarted at 0 |" in figures.runs_table([("vanilla", 1, restarted[0], False)])[-1]
     assert any(row.startswith("| 2 | lpsi (held) | Test CPU + NVIDIA H200 |") for row in rows)
 
 
