@@ -1243,3 +1243,15 @@ def test_a_copy_without_git_names_the_commit_it_was_made_from(monkeypatch):
     assert provenance.git_commit() is None
     monkeypatch.setenv("STRUCTNMT_COMMIT", " 0123456789abcdef0123456789abcdef01234567\n")
     assert provenance.git_commit() == "0123456789abcdef0123456789abcdef01234567"
+
+    # a copy lying inside another repository: git answers with that one's commit, which is not ours
+    import subprocess
+
+    def other_repository(cmd, **kwargs):
+        out = "/somewhere/else\nfeedfacefeedfacefeedfacefeedfacefeedface\n" if "rev-parse" in cmd else ""
+        return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
+
+    monkeypatch.setattr(provenance.subprocess, "run", other_repository)
+    assert provenance.git_commit() == "0123456789abcdef0123456789abcdef01234567"
+    monkeypatch.delenv("STRUCTNMT_COMMIT")
+    assert provenance.git_commit() is None

@@ -97,12 +97,15 @@ def git_commit() -> str | None:
     copy of the working tree on a borrowed GPU machine has no ``.git``) the commit the copy was
     made from, as ``STRUCTNMT_COMMIT`` names it, else None."""
     where = Path(__file__).resolve().parent
+    root = where.parent.parent
     try:
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True,
-                                timeout=10, check=True).stdout.strip()
+        top, commit = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=where, capture_output=True,
+                                     text=True, timeout=10, check=True).stdout.split()
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", "structnmt"],
-                               cwd=where.parent.parent, capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
+                               cwd=root, capture_output=True, text=True, timeout=30).stdout.strip()
+        if Path(top).resolve() != root:  # a copy lying inside another repository: that one's commit is not ours
+            commit, dirty = "", ""
+    except (OSError, subprocess.SubprocessError, ValueError):
         commit, dirty = "", ""
     if not commit:
         return os.environ.get("STRUCTNMT_COMMIT", "").strip() or None
