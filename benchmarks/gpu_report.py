@@ -471,13 +471,14 @@ def host_syncs(run: Run, updater: Any, batches: list[Any]) -> dict[str, Any] | N
 
     if run.device.type != "cuda":
         return None
+    before = torch.cuda.get_sync_debug_mode()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         torch.cuda.set_sync_debug_mode("warn")
         try:
             updater.update(batches)
         finally:
-            torch.cuda.set_sync_debug_mode("default")
+            torch.cuda.set_sync_debug_mode(before)
     found = [w for w in caught if "synchroniz" in str(w.message)]
     where = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in found})
     return {"count": len(found), "where": where[:8]}

@@ -16,9 +16,11 @@ cd "$(dirname "$0")/.."
 version=${1:-3.12}
 wheels=(sacremoses==0.2.0 conllu==6.0.0 nltk==3.10.4 defusedxml==0.7.1 submitit==1.5.4 deepsig==1.2.8
         dill==0.4.1 joeynmt==2.3.0 subword-nmt==0.3.8 mock==5.2.0 'importlib_metadata==9.1.0')
-rm -rf .whl && mkdir -p .whl
+fresh=$(mktemp -d .whl.new.XXXXXX)
+trap 'rm -rf "$fresh"' EXIT
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$version" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  -d .whl "${wheels[@]}"
+  -d "$fresh" "${wheels[@]}"
+rm -rf .whl && mv "$fresh" .whl  # only once every wheel is here: a failed download keeps the old set
 ls .whl
 du -sh .whl

@@ -16,7 +16,7 @@ device=${DEVICE:-cuda}  # DEVICE=cpu: the same steps on a CPU (a check of this s
 out=${OUT:-gpu_records}
 # a GPU image has neither structnmt's command nor some of its pure-Python needs: the carried
 # wheels (.whl, from benchmarks/gpu_wheels.sh) and this checkout stand in
-command -v structnmt > /dev/null 2>&1 || source "$(dirname "$0")/../benchmarks/gpu_env.sh"
+command -v structnmt > /dev/null 2>&1 || source "$(dirname "$0")/../benchmarks/gpu_env.sh" || exit 1
 records=$(python3 -c "from structnmt.study import load_study; print(load_study('$study').records)")
 mkdir -p "$out"
 copy() {  # every record folder of this seed (a record folder appears whole, by a rename)
