@@ -6,8 +6,9 @@
 #
 # The machine needs the prepared dataset, not the raw text: carry data/multi30k_en_de (38 MB)
 # and .whl (benchmarks/gpu_wheels.sh; 3 MB) with the working tree; prepare uses the dataset as
-# it is when its inputs are absent. Back on the workstation, copy the record folders into studies/<study>/<recipe>/seed<N> and regenerate the
-# report (`structnmt study STUDY --report`); a seed goes in whole, or waits in studies/pending.
+# it is when its inputs are absent. Back on the workstation, copy the record folders into
+# studies/<study>/<recipe>/seed<N> and regenerate the report (`structnmt study STUDY --report`);
+# a seed goes in whole, or waits in studies/pending.
 set -uo pipefail
 study=$1
 seed=$2
