@@ -388,10 +388,38 @@ def _step(run_dir: Path) -> int:
     return max([s for s in steps if isinstance(s, int)], default=0)
 
 
+def _hang_report(study: int, run_dir: Path) -> str:
+    """Where a study and its run stand when they did not stop: the study and every process under
+    it, with state, kernel wait, signal masks and, where py-spy is installed, Python stacks; and
+    the run's last log lines."""
+    table = subprocess.run(["ps", "-eo", "pid,ppid,sid,stat,wchan:24,etime,time,args"], capture_output=True,
+                           text=True).stdout.splitlines()
+    parent = {int(row.split()[0]): int(row.split()[1]) for row in table[1:]}
+    pids = [study]
+    while more := [pid for pid, up in parent.items() if up in pids and pid not in pids]:
+        pids += more
+    lines = table[:1] + [row for row in table[1:] if int(row.split()[0]) in pids]
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            status = Path(f"/proc/{pid}/status").read_text().splitlines()
+            lines += [f"{pid}: " + " ".join(x for x in status if x.split(":")[0] in ("State", "Threads", "SigBlk",
+                                                                                   "SigIgn", "SigCgt"))]
+        if shutil.which("py-spy"):
+            with contextlib.suppress(OSError, subprocess.SubprocessError):
+                lines.append(subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True,
+                                            timeout=30).stdout)
+    for name in ("worker.log", "log.jsonl"):
+        with contextlib.suppress(OSError):
+            lines += [f"-- {name}", *(run_dir / name).read_text().splitlines()[-8:]]
+    return "\n".join(lines)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("how", [
-    # open problem (2026-11-27): in three full `pytest -n 2` runs the study had not exited 300 s
-    # after Ctrl-C, though the test passes alone and beside the busy-demo test; to be found
+    # open problem (2026-11-27): in three full `pytest -n 2` runs the study had not exited 120 s
+    # (once 300 s) after Ctrl-C; it passes alone (10 of 10 beside two busy processes) and passed
+    # two later full runs. A hang now writes where each process stands (hang_ctrl_c.txt beside
+    # the test's folder; the failure's text under --runxfail), for the next occurrence
     pytest.param("ctrl_c", marks=pytest.mark.xfail(reason="hangs in full -n 2 runs, not alone: under study",
                                                    strict=False)),
     "kill"])
@@ -418,7 +446,13 @@ def test_ctrl_c_stops_a_niced_study_and_its_run(recipes, tmp_path, how):
     else:
         process.terminate()  # the study alone
     try:
-        assert process.wait(timeout=120) == (130 if how == "ctrl_c" else 143)
+        try:
+            code = process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            report = _hang_report(process.pid, run_dir)
+            (tmp_path.parent / f"hang_{how}.txt").write_text(report)  # kept with pytest's last folders
+            pytest.fail(f"the study did not stop within 120 s of the signal:\n{report}")
+        assert code == (130 if how == "ctrl_c" else 143), process.stderr.read().decode()[-2000:]
     finally:
         process.kill()
     from structnmt.locks import holder
