@@ -629,6 +629,50 @@ def test_cuda_asked_for_without_a_gpu_is_refused_before_any_run(recipes, tmp_pat
     check_device(auto, auto.runs())
 
 
+def test_ctrl_c_between_two_runs_starts_no_other(recipes, tmp_path, monkeypatch):
+    # Ctrl-C may come while a worker is between two runs: a run it started after the study told
+    # its runs to stop would never hear of it, and the study would wait for it to train to its end
+    import threading
+
+    from structnmt.study import executors
+
+    study = load_study(_study_file(tmp_path, {"vanilla": recipes["vanilla"]}, seeds=(1, 2),
+                                   executor={"kind": "local", "jobs": 1, "threads": 1}))
+    started = []
+
+    class Run:  # seed 1 finishes at once; seed 2 trains until it is stopped
+        def __init__(self, command, **_kwargs):
+            self.seed, self.stopped = int(command[-2]), threading.Event()
+            started.append(self)
+
+        def wait(self):
+            return 0 if self.seed == 1 or not self.stopped.wait(30) else 75
+
+        def terminate(self):
+            self.stopped.set()
+
+    heard = threading.Event()
+
+    def ctrl_c(_signum, _frame):
+        heard.set()
+        raise KeyboardInterrupt
+
+    def report(_recipe, seed, status):
+        if seed == 2 and status == "running":  # the worker, about to start seed 2
+            os.kill(os.getpid(), signal.SIGINT)
+            assert heard.wait(30)
+            time.sleep(0.3)  # the study stops what runs meanwhile (nothing: seed 1 is done)
+
+    monkeypatch.setattr(executors.subprocess, "Popen", Run)
+    before = signal.signal(signal.SIGINT, ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            executors.run_local(study, study.runs(), 1, report)
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert [run.seed for run in started if not run.stopped.is_set()] == [1]  # seed 2 never ran, or was stopped
+
+
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
 

@@ -175,6 +175,8 @@ def run_local(study: Study, runs: list[tuple[str, int]], jobs: int,
     results: dict[tuple[str, int], str] = {}
 
     def one(run: tuple[str, int]) -> None:
+        if stopping.is_set():
+            return
         recipe, seed = run
         log = study.run_dir(recipe, seed) / "worker.log"
         log.parent.mkdir(parents=True, exist_ok=True)
@@ -182,11 +184,14 @@ def run_local(study: Study, runs: list[tuple[str, int]], jobs: int,
         command = [sys.executable, "-m", "structnmt.study.runs", str(study.path), recipe, str(seed), str(threads)]
         report(recipe, seed, "running")
         with open(log, "a", encoding="utf-8") as handle:
-            handle.write(f"$ {' '.join(command)}\n")
-            handle.flush()
-            process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
-                                       preexec_fn=_child_setup(study.executor.nice))  # noqa: PLW1509
-            running.add(process)
+            with starting:  # a run started once the study is stopping would never hear of it
+                if stopping.is_set():
+                    return
+                handle.write(f"$ {' '.join(command)}\n")
+                handle.flush()
+                process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,
+                                           preexec_fn=_child_setup(study.executor.nice))  # noqa: PLW1509
+                running.add(process)
             try:
                 code = process.wait()
             finally:
@@ -200,13 +205,18 @@ def run_local(study: Study, runs: list[tuple[str, int]], jobs: int,
             report(recipe, seed, commit_record(study, recipe, seed))
 
     running: set[subprocess.Popen] = set()
+    starting = threading.Lock()  # held from the stop check to ``running.add``
+    stopping = threading.Event()
     with ThreadPoolExecutor(max_workers=jobs) as pool, _terminate_as_interrupt():
         try:
             list(pool.map(one, runs))
         except BaseException:
             # Ctrl-C (or any stop) of the study: a run in its own session (see _child_setup) does
-            # not get the terminal's SIGINT, so it is told here, and checkpoints and exits
+            # not get the terminal's SIGINT, so it is told here, and checkpoints and exits; a
+            # worker between two runs starts no other
             pool.shutdown(wait=False, cancel_futures=True)
+            with starting:
+                stopping.set()
             for process in list(running):
                 with contextlib.suppress(OSError):
                     process.terminate()
