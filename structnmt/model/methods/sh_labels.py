@@ -99,7 +99,8 @@ class ShLabels(Method[ShLabelsParams]):
         if not torch.compiler.is_compiling() and labels.numel():
             outside = ((labels < 0) | (labels >= n_labels)).any()
             if labels.device.type == "cuda":  # checked on the device: a host read would stall every step
-                torch._assert_async(~outside, f"sh_labels: a dependency-label id is outside the table of {n_labels}")
+                torch._assert_async(~outside, f"sh_labels: a dependency-label id is outside the table of {n_labels} "
+                                    "labels: raise sh_labels.n_labels to the size of meta.json's label list")
             elif bool(outside):
                 raise ConfigError(f"the data holds dependency-label id {int(labels.max())}, outside the table "
                                   f"of {n_labels} labels: raise n_labels to the size of meta.json's label list",
