@@ -461,27 +461,40 @@ def timed_updates(run: Run, updater: Any, batch: Any, n: int, graphs: bool) -> f
     return time.perf_counter() - started
 
 
-def host_syncs(run: Run, updater: Any, batches: list[Any]) -> dict[str, Any] | None:
+def host_syncs(run: Run, updater: Any, batches: list[Any], ours: Path | None = None) -> dict[str, Any] | None:
     """The synchronising CUDA calls of one update (``torch.cuda.set_sync_debug_mode``): a step that
     reads the device (``.item()``, a ``nonzero``, a copy to the host) waits for the GPU and leaves
-    it idle while Python catches up. None off CUDA, where nothing is asynchronous."""
+    it idle while Python catches up. None off CUDA, where nothing is asynchronous.
+
+    Each is named by the innermost line of ours (``structnmt/``) on the stack when it warned, so
+    that a sync inside a torch function points at the structnmt line that called it; the warning's
+    own place where no line of ours is on the stack."""
+    import traceback
     import warnings
 
     import torch
 
     if run.device.type != "cuda":
         return None
+    root = str(ours or Path(__file__).resolve().parent.parent / "structnmt") + os.sep
+    found: list[str] = []
+
+    def note(message: Any, _category: Any, filename: str, lineno: int, *_rest: Any) -> None:
+        if "synchroniz" not in str(message):
+            return
+        mine = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(root)]
+        found.append(f"{Path(mine[-1].filename).name}:{mine[-1].lineno}" if mine else f"{Path(filename).name}:{lineno}")
+
     before = torch.cuda.get_sync_debug_mode()
-    with warnings.catch_warnings(record=True) as caught:
+    with warnings.catch_warnings():
         warnings.simplefilter("always")
+        warnings.showwarning = note
         torch.cuda.set_sync_debug_mode("warn")
         try:
             updater.update(batches)
         finally:
             torch.cuda.set_sync_debug_mode(before)
-    found = [w for w in caught if "synchroniz" in str(w.message)]
-    where = sorted({f"{Path(w.filename).name}:{w.lineno}" for w in found})
-    return {"count": len(found), "where": where[:8]}
+    return {"count": len(found), "where": sorted(set(found))[:8]}
 
 
 def syncs_cell(found: dict[str, Any] | None) -> str:

@@ -183,3 +183,17 @@ def test_host_syncs_are_counted_by_where_they_happen(monkeypatch):
         device = torch.device("cpu")
 
     assert g.host_syncs(Cpu(), Updater(), [1]) is None  # nothing on the CPU is asynchronous
+
+    # a sync inside a library function is named by the line of ours that called it
+    library: dict = {}
+    exec(compile("import warnings\ndef item():\n    warnings.warn('called a synchronizing CUDA operation')\n",
+                 "/site-packages/torch/fake.py", "exec"), library)
+
+    class Calling:
+        def update(self, batches):
+            library["item"]()
+
+    found = g.host_syncs(Run(), Calling(), [1], ours=Path(__file__).resolve().parent)
+    assert found == {"count": 1, "where": [f"test_gpu_report.py:{Calling.update.__code__.co_firstlineno + 1}"]}
+    found = g.host_syncs(Run(), Calling(), [1], ours=Path("/nowhere"))
+    assert found == {"count": 1, "where": ["fake.py:3"]}  # no line of ours on the stack: the warning's own place
