@@ -476,13 +476,15 @@ def host_syncs(run: Run, updater: Any, batches: list[Any], ours: Path | None = N
 
     if run.device.type != "cuda":
         return None
-    root = str(ours or Path(__file__).resolve().parent.parent / "structnmt") + os.sep
+    import structnmt
+
+    root = os.path.realpath(ours or Path(structnmt.__file__).parent) + os.sep
     found: list[str] = []
 
     def note(message: Any, _category: Any, filename: str, lineno: int, *_rest: Any) -> None:
         if "synchroniz" not in str(message):
             return
-        mine = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(root)]
+        mine = [f for f in traceback.extract_stack()[:-1] if os.path.realpath(f.filename).startswith(root)]
         found.append(f"{Path(mine[-1].filename).name}:{mine[-1].lineno}" if mine else f"{Path(filename).name}:{lineno}")
 
     before = torch.cuda.get_sync_debug_mode()

@@ -195,5 +195,7 @@ def test_host_syncs_are_counted_by_where_they_happen(monkeypatch):
 
     found = g.host_syncs(Run(), Calling(), [1], ours=Path(__file__).resolve().parent)
     assert found == {"count": 1, "where": [f"test_gpu_report.py:{Calling.update.__code__.co_firstlineno + 1}"]}
+    shown = warnings.showwarning
     found = g.host_syncs(Run(), Calling(), [1], ours=Path("/nowhere"))
     assert found == {"count": 1, "where": ["fake.py:3"]}  # no line of ours on the stack: the warning's own place
+    assert warnings.showwarning is shown  # put back

@@ -388,14 +388,16 @@ def _step(run_dir: Path) -> int:
     return max([s for s in steps if isinstance(s, int)], default=0)
 
 
-def _hang_report(study: int, run_dir: Path) -> str:
+def _hang_report(study: subprocess.Popen, run_dir: Path) -> tuple[str, list[int]]:
     """Where a study and its run stand when they did not stop: the study and every process under
-    it, with state, kernel wait, signal masks and, where py-spy is installed, Python stacks; and
-    the run's last log lines."""
-    table = subprocess.run(["ps", "-eo", "pid,ppid,sid,stat,wchan:24,etime,time,args"], capture_output=True,
-                           text=True).stdout.splitlines()
+    it, with state, kernel wait, signal masks and, where py-spy is installed, Python stacks; the
+    study's stderr so far and the run's last log lines. Also the pids, for the caller to kill."""
+    table: list[str] = []
+    with contextlib.suppress(OSError):
+        table = subprocess.run(["ps", "-eo", "pid,ppid,sid,stat,wchan:24,etime,time,args"], capture_output=True,
+                               text=True).stdout.splitlines()
     parent = {int(row.split()[0]): int(row.split()[1]) for row in table[1:]}
-    pids = [study]
+    pids = [study.pid]
     while more := [pid for pid, up in parent.items() if up in pids and pid not in pids]:
         pids += more
     lines = table[:1] + [row for row in table[1:] if int(row.split()[0]) in pids]
@@ -406,12 +408,15 @@ def _hang_report(study: int, run_dir: Path) -> str:
                                                                                    "SigIgn", "SigCgt"))]
         if shutil.which("py-spy"):
             with contextlib.suppress(OSError, subprocess.SubprocessError):
-                lines.append(subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True,
-                                            timeout=30).stdout)
+                dump = subprocess.run(["py-spy", "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+                lines.append(dump.stdout + dump.stderr)  # py-spy says why where it may not attach
+    with contextlib.suppress(OSError, TypeError):  # the study's stderr so far, without waiting for more
+        os.set_blocking(study.stderr.fileno(), False)
+        lines += ["-- the study's stderr", (study.stderr.read() or b"").decode(errors="replace")[-2000:]]
     for name in ("worker.log", "log.jsonl"):
         with contextlib.suppress(OSError):
             lines += [f"-- {name}", *(run_dir / name).read_text().splitlines()[-8:]]
-    return "\n".join(lines)
+    return "\n".join(lines), pids
 
 
 @pytest.mark.slow
@@ -449,8 +454,11 @@ def test_ctrl_c_stops_a_niced_study_and_its_run(recipes, tmp_path, how):
         try:
             code = process.wait(timeout=120)
         except subprocess.TimeoutExpired:
-            report = _hang_report(process.pid, run_dir)
+            report, pids = _hang_report(process, run_dir)
             (tmp_path.parent / f"hang_{how}.txt").write_text(report)  # kept with pytest's last folders
+            for pid in pids:  # no orphan run trains on beside the rest of the suite
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
             pytest.fail(f"the study did not stop within 120 s of the signal:\n{report}")
         assert code == (130 if how == "ctrl_c" else 143), process.stderr.read().decode()[-2000:]
     finally:
@@ -640,7 +648,7 @@ def test_ctrl_c_between_two_runs_starts_no_other(recipes, tmp_path, monkeypatch)
                                    executor={"kind": "local", "jobs": 1, "threads": 1}))
     started = []
 
-    class Run:  # seed 1 finishes at once; seed 2 trains until it is stopped
+    class Run:  # seed 1 finishes at once; seed 2 trains until it is stopped (or 30 s, then it says done)
         def __init__(self, command, **_kwargs):
             self.seed, self.stopped = int(command[-2]), threading.Event()
             started.append(self)
@@ -663,7 +671,9 @@ def test_ctrl_c_between_two_runs_starts_no_other(recipes, tmp_path, monkeypatch)
             assert heard.wait(30)
             time.sleep(0.3)  # the study stops what runs meanwhile (nothing: seed 1 is done)
 
-    monkeypatch.setattr(executors.subprocess, "Popen", Run)
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(executors, "subprocess", SimpleNamespace(Popen=Run, STDOUT=subprocess.STDOUT))
     before = signal.signal(signal.SIGINT, ctrl_c)
     try:
         with pytest.raises(KeyboardInterrupt):
