@@ -683,6 +683,21 @@ def test_ctrl_c_between_two_runs_starts_no_other(recipes, tmp_path, monkeypatch)
     assert [run.seed for run in started if not run.stopped.is_set()] == [1]  # seed 2 never ran, or was stopped
 
 
+def test_a_second_ctrl_c_waits_until_the_runs_are_told_to_stop():
+    # while the study tells its runs to stop, a second Ctrl-C is held, not lost: it is raised
+    # once they are told (a Ctrl-C in the middle would leave some untold, and the study waiting)
+    from structnmt.study.executors import _signals_held
+
+    told = []
+    with pytest.raises(KeyboardInterrupt):
+        with _signals_held():
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.2)
+            told.append("every run")
+    assert told == ["every run"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # as before
+
+
 def _git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout
 

@@ -85,6 +85,27 @@ def _terminate_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, before)
 
 
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    """Ctrl-C and SIGTERM are held (noted, then raised again at the end) while the study tells its
+    runs to stop: a second Ctrl-C in the middle would leave runs untold, and the study waiting
+    for them to train to their end. Python runs signal handlers in the main thread only, so only
+    there is there anything to hold."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    heard: list[int] = []
+    before = {sig: signal.signal(sig, lambda signum, _frame: heard.append(signum))
+              for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for sig in heard[:1]:  # as it would have been handled (an ignored SIGINT stays ignored)
+            signal.raise_signal(sig)
+
+
 def _autogroups() -> bool:
     """Whether the kernel schedules this process by session: ``CONFIG_SCHED_AUTOGROUP`` switched
     on, and this process in an autogroup of its session's (``/proc/self/autogroup`` is empty for
@@ -214,12 +235,13 @@ def run_local(study: Study, runs: list[tuple[str, int]], jobs: int,
             # Ctrl-C (or any stop) of the study: a run in its own session (see _child_setup) does
             # not get the terminal's SIGINT, so it is told here, and checkpoints and exits; a
             # worker between two runs starts no other
-            pool.shutdown(wait=False, cancel_futures=True)
-            with starting:
-                stopping.set()
-            for process in list(running):
-                with contextlib.suppress(OSError):
-                    process.terminate()
+            with _signals_held():
+                pool.shutdown(wait=False, cancel_futures=True)
+                with starting:
+                    stopping.set()
+                for process in list(running):
+                    with contextlib.suppress(OSError):
+                        process.terminate()
             raise
     return results
 
