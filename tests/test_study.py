@@ -683,19 +683,49 @@ def test_ctrl_c_between_two_runs_starts_no_other(recipes, tmp_path, monkeypatch)
     assert [run.seed for run in started if not run.stopped.is_set()] == [1]  # seed 2 never ran, or was stopped
 
 
-def test_a_second_ctrl_c_waits_until_the_runs_are_told_to_stop():
-    # while the study tells its runs to stop, a second Ctrl-C is held, not lost: it is raised
-    # once they are told (a Ctrl-C in the middle would leave some untold, and the study waiting)
-    from structnmt.study.executors import _signals_held
+def test_a_second_ctrl_c_waits_until_the_runs_are_told_to_stop(recipes, tmp_path, monkeypatch):
+    # a second Ctrl-C while the study tells its runs to stop is held, not lost: it is raised once
+    # every run is told (raised in the middle, it would leave runs untold, and the study waiting)
+    import threading
+    from types import SimpleNamespace
 
-    told = []
-    with pytest.raises(KeyboardInterrupt):
-        with _signals_held():
-            os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(0.2)
-            told.append("every run")
-    assert told == ["every run"]
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # as before
+    from structnmt.study import executors
+
+    study = load_study(_study_file(tmp_path, {"vanilla": recipes["vanilla"]}, seeds=(1, 2),
+                                   executor={"kind": "local", "jobs": 2, "threads": 1}))
+    started = []
+    heard = []
+
+    class Run:  # trains until it is stopped (or 30 s, then it says done)
+        def __init__(self, command, **_kwargs):
+            self.stopped = threading.Event()
+            started.append(self)
+            if len(started) == 2:  # both runs going: the first Ctrl-C
+                os.kill(os.getpid(), signal.SIGINT)
+
+        def wait(self):
+            return 75 if self.stopped.wait(30) else 0
+
+        def terminate(self):
+            self.stopped.set()
+            if len(heard) == 1:  # the second Ctrl-C, while the study tells its runs
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.2)
+
+    def ctrl_c(signum, _frame):
+        heard.append(signum)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(executors, "subprocess", SimpleNamespace(Popen=Run, STDOUT=subprocess.STDOUT))
+    before = signal.signal(signal.SIGINT, ctrl_c)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            executors.run_local(study, study.runs(), 2, lambda *_: None)
+        assert signal.getsignal(signal.SIGINT) is ctrl_c  # the study's own handlers put back
+    finally:
+        signal.signal(signal.SIGINT, before)
+    assert len(started) == 2 and all(run.stopped.is_set() for run in started)  # both told
+    assert heard == [signal.SIGINT, signal.SIGINT]  # the second Ctrl-C was raised, not lost
 
 
 def _git(repo: Path, *args: str) -> str:
