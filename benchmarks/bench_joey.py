@@ -64,7 +64,7 @@ def joey_version(python: str | Path) -> str | None:
     """"JOEY_VERSION TORCH_VERSION" when ``python`` imports joeynmt (and torch), else None."""
     if not Path(python).exists() and shutil.which(str(python)) is None:
         return None
-    result = common.run_command([str(python), "-c", JOEY_CHECK])
+    result = common.run_command([str(python), "-c", JOEY_CHECK], env=joey_env())
     lines = result.output.strip().splitlines()
     return lines[-1] if result.returncode == 0 and lines else None
 
@@ -181,9 +181,20 @@ def thread_env(threads: int) -> dict[str, str]:
     return env
 
 
+def joey_env(threads: int = 0) -> dict[str, str]:
+    """``thread_env`` with ``JOEY_PYTHONPATH`` (set by ``gpu_env.sh``) first on the path: packages
+    Joey NMT needs in older versions than structnmt's (sentencepiece 0.2.0, whose
+    ``SetVocabulary`` Joey 2.3.0 calls), seen by Joey's commands alone."""
+    env = thread_env(threads)
+    extra = env.get("JOEY_PYTHONPATH")
+    if extra:
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (extra, env.get("PYTHONPATH")) if p)
+    return env
+
+
 def joey_train(python: Path, config: Path, threads: int) -> tuple[float, int]:
     result = common.run_command([str(python), "-m", "joeynmt", "train", str(config), "--skip-test"],
-                                env=thread_env(threads), log=WORK / "joey_train.out")
+                                env=joey_env(threads), log=WORK / "joey_train.out")
     if result.returncode != 0:
         sys.exit(f"error: Joey NMT training failed (see {WORK / 'joey_train.out'}):\n{result.output[-3000:]}")
     rates = [float(x) for x in re.findall(r"Tokens per Sec:\s*([\d.]+)", result.output)]
@@ -199,7 +210,7 @@ def joey_decode(python: Path, config: Path, threads: int, checkpoint: str | None
         config.write_text(yaml.safe_dump(cfg, sort_keys=False), encoding="utf-8")
     out = WORK / "joey_hyps"
     result = common.run_command([str(python), "-m", "joeynmt", "test", str(config), "-o", str(out)],
-                                env=thread_env(threads), log=WORK / "joey_test.out")
+                                env=joey_env(threads), log=WORK / "joey_test.out")
     if result.returncode != 0:
         sys.exit(f"error: Joey NMT decoding failed (see {WORK / 'joey_test.out'}):\n{result.output[-3000:]}")
     seconds = float(re.findall(r"Generation took ([\d.]+)\[sec\]", result.output)[-1])  # dev first, then test

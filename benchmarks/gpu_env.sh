@@ -11,6 +11,10 @@ if ls "$_structnmt_root"/.whl/*.whl > /dev/null 2>&1; then
     echo "gpu_env: installing the carried wheels failed" >&2
     return 1 2> /dev/null || exit 1
   fi
+  if ls "$_structnmt_root"/.whl/joey/*.whl > /dev/null 2>&1; then  # Joey NMT's own (gpu_wheels.sh)
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site-joey \
+      "$_structnmt_root"/.whl/joey/*.whl && export JOEY_PYTHONPATH=/tmp/site-joey
+  fi
   rm -rf /tmp/site/test  # a wheel's stray top-level `test` package would shadow the standard library's
   export PYTHONPATH=/tmp/site:$_structnmt_root${PYTHONPATH:+:$PYTHONPATH}
 else

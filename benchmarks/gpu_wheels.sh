@@ -11,6 +11,11 @@
 # importlib_metadata below 10 (10.x needs lazy_importer). spaCy is not needed: a study carries its
 # dataset prepared and its trees in a file, and the report parses nothing. All of these are pure
 # Python wheels. On the GPU machine, `source benchmarks/gpu_env.sh` installs them.
+#
+# Joey NMT 2.3.0 alone also needs sentencepiece 0.2.0: it calls SentencePieceProcessor.SetVocabulary,
+# which later releases (the GPU image's among them) no longer have. That binary wheel goes to
+# .whl/joey/, which gpu_env.sh puts on the path of Joey's commands only (JOEY_PYTHONPATH), so that
+# structnmt keeps the image's sentencepiece.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 version=${1:-3.12}
@@ -21,6 +26,9 @@ trap 'rm -rf "$fresh"' EXIT
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$version" --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
   -d "$fresh" "${wheels[@]}"
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version "$version" --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+  -d "$fresh/joey" sentencepiece==0.2.0
 rm -rf .whl && mv "$fresh" .whl  # only once every wheel is here: a failed download keeps the old set
-ls .whl
+ls .whl .whl/joey
 du -sh .whl
