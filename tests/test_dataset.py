@@ -113,12 +113,20 @@ def test_label_vocabulary_continues_across_splits(tmp_path: Path) -> None:
     assert not val.has("tgt", "heads") and val.has("tgt", "ids")
 
 
+def _memory_mapped(array: np.ndarray) -> bool:
+    """Whether ``array`` is a mapped file's memory (itself, or a view of, an ``np.memmap``)."""
+    while array is not None:
+        if isinstance(array, np.memmap):
+            return True
+        array = getattr(array, "base", None)
+    return False
+
+
 def test_mmap_and_memory_datasets_give_identical_batches(stored) -> None:
     root, _exs, _ = stored
     fields = {"src": set(ALL), "tgt": set(ALL - {"scene_mask", "scene_dist"})}
     mapped, loaded = ParallelDataset(root, "train", mmap=True), ParallelDataset(root, "train", mmap=False)
-    assert isinstance(mapped.arrays["src"]["ids"][0], np.memmap)
-    assert not isinstance(loaded.arrays["src"]["ids"][0], np.memmap)
+    assert _memory_mapped(mapped.arrays["src"]["ids"][0]) and not _memory_mapped(loaded.arrays["src"]["ids"][0])
     plan = token_batches(mapped.src_lengths, mapped.tgt_lengths, 60, True, seed=3, epoch=0)
     pairs = zip(iterate_batches(mapped, plan, fields), iterate_batches(loaded, plan, fields), strict=True)
     for a, b in pairs:
@@ -247,3 +255,24 @@ def test_iterate_batches_resumes_at_a_position(stored) -> None:
     full = [b.index.tolist() for b in iterate_batches(ds, plan, {})]
     resumed = [b.index.tolist() for b in iterate_batches(ds, plan, {}, start=3)]
     assert resumed == full[3:] and len(full) == len(plan)
+
+
+def test_collation_pads_each_side_as_written_out_by_hand() -> None:
+    """Two sentences, lengths rounded up to 4: the source ends in EOS, the decoder input starts
+    with BOS, the output ends in EOS, padding everywhere else, and ``valid`` marks the sub-words
+    (shifted by one on the target, where BOS comes first)."""
+    from structnmt.data.batching import _collate_arrays
+
+    B, E, P = BOS_ID, EOS_ID, PAD_ID
+
+    def side(*ids: int) -> dict[str, np.ndarray]:
+        return {"ids": np.asarray(ids, dtype=np.int32)}
+
+    batch = _collate_arrays([side(5, 6, 7), side(8)], [side(9, 10, 11), side(12, 13)], [4, 2],
+                            {"src": set(), "tgt": set()}, multiple=4)
+    assert batch.src.tolist() == [[5, 6, 7, E], [8, E, P, P]]
+    assert batch.tgt_in.tolist() == [[B, 9, 10, 11], [B, 12, 13, P]]
+    assert batch.tgt_out.tolist() == [[9, 10, 11, E], [12, 13, E, P]]
+    assert batch.struct["src"]["valid"].tolist() == [[True, True, True, False], [True, False, False, False]]
+    assert batch.struct["tgt"]["valid"].tolist() == [[False, True, True, True], [False, True, True, False]]
+    assert batch.index.tolist() == [4, 2] and batch.src.dtype == batch.tgt_out.dtype == torch.long

@@ -132,26 +132,37 @@ def _collate_arrays(
         src = [*src, *[_empty(src[0])] * filler]
         tgt = [*tgt, *[_empty(tgt[0])] * filler] if tgt is not None else None
         src_len, tgt_len = src_len + [0] * filler, tgt_len + [0] * filler
-    src_ids = torch.full((len(src), Ls), PAD_ID, dtype=torch.long)
-    for b, (arrays, n) in enumerate(zip(src, src_len)):
-        src_ids[b, :n] = torch.from_numpy(np.asarray(arrays["ids"], dtype=np.int64))
-        src_ids[b, n] = EOS_ID
+    src_ids = _padded(src, src_len, len(src), Ls, first=0)
+    src_ids[np.arange(len(src)), src_len] = EOS_ID
     struct = {"src": build_struct(src, set(fields.get("src", ())), src_len, 0, Ls), "tgt": {}}
     tgt_in = tgt_out = None
     if tgt is not None:
         Lt = Ls if bucketed else _padded_length(max(tgt_len) + 1, multiple, limit)
-        tgt_in = torch.full((len(tgt), Lt), PAD_ID, dtype=torch.long)
-        tgt_out = torch.full((len(tgt), Lt), PAD_ID, dtype=torch.long)
-        for b, (arrays, n) in enumerate(zip(tgt, tgt_len)):
-            ids = torch.from_numpy(np.asarray(arrays["ids"], dtype=np.int64))
-            tgt_in[b, 0] = BOS_ID
-            tgt_in[b, 1:n + 1] = ids
-            tgt_out[b, :n] = ids
-            tgt_out[b, n] = EOS_ID
+        tgt_in = _padded(tgt, tgt_len, len(tgt), Lt, first=1)
+        tgt_in[:, 0] = BOS_ID
+        tgt_out = _padded(tgt, tgt_len, len(tgt), Lt, first=0)
+        tgt_out[np.arange(len(tgt)), tgt_len] = EOS_ID
         tgt_out[rows:] = PAD_ID  # the filler sentences: nothing to predict, no loss, no token counted
         struct["tgt"] = build_struct(tgt, set(fields.get("tgt", ())), tgt_len, 1, Lt)
+        tgt_in, tgt_out = torch.from_numpy(tgt_in), torch.from_numpy(tgt_out)
+    src_ids = torch.from_numpy(src_ids)
     index = torch.as_tensor(np.asarray([*indices, *[-1] * (len(src) - rows)], dtype=np.int64))
     return Batch(src=src_ids, tgt_in=tgt_in, tgt_out=tgt_out, struct=struct, index=index)
+
+
+def _padded(side: Sequence[Mapping[str, np.ndarray]], lengths: Sequence[int], rows: int, length: int,
+            first: int) -> np.ndarray:
+    """(rows, length) int64 of PAD with each sentence's ids from column ``first`` on, in one
+    scatter (a Python loop of row copies cost as much as a small model's update on a GPU)."""
+    out = np.full((rows, length), PAD_ID, dtype=np.int64)
+    counts = np.asarray(lengths, dtype=np.int64)
+    total = int(counts.sum())
+    if total:
+        flat = np.concatenate([a["ids"] for a in side])
+        row = np.repeat(np.arange(rows), counts)
+        col = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts) + first
+        out[row, col] = flat
+    return out
 
 
 def bucket(n: int, multiple: int = 8) -> int:
@@ -182,8 +193,10 @@ def collate(dataset: ParallelDataset, indices: Sequence[int] | np.ndarray, field
     size padded to buckets (:func:`bucket`, for ``training.cuda_graphs``), so that an epoch has
     few shapes; the translation loss and the token count stay those of the unpadded batch."""
     indices = [int(i) for i in indices]
-    src = [dataset.side_arrays(i, "src") for i in indices]
-    tgt = [dataset.side_arrays(i, "tgt") for i in indices] if dataset.has_target else None
+    # a side with no structure field asked for needs its ids alone
+    names = {side: None if set(fields.get(side, ())) - {"valid"} else ("ids",) for side in ("src", "tgt")}
+    src = [dataset.side_arrays(i, "src", names["src"]) for i in indices]
+    tgt = [dataset.side_arrays(i, "tgt", names["tgt"]) for i in indices] if dataset.has_target else None
     return _collate_arrays(src, tgt, indices, fields, multiple, limit, bucketed, fill_rows)
 
 

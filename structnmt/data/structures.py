@@ -277,9 +277,7 @@ def build_struct(
                 raise DataError(f"structure field {name!r} needs the stored {need!r}, which this dataset "
                                 "lacks (prepare it with a parser / scenes on this side)")
     pos = np.arange(L)
-    valid = np.zeros((B, L), dtype=bool)
-    for b, n in enumerate(lengths):
-        valid[b, offset:offset + n] = True
+    valid = (pos >= offset) & (pos < offset + np.asarray(lengths, dtype=np.int64).reshape(B, 1))
     out: dict[str, torch.Tensor] = {"valid": torch.from_numpy(valid)}
 
     def per_token(name: str, default: np.ndarray, dtype: type, value) -> None:
