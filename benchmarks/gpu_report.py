@@ -323,11 +323,14 @@ def machine_info(dry: bool) -> dict[str, Any]:
     commit = _quiet(["git", "rev-parse", "--short", "HEAD"])
     if commit:
         dirty = _quiet(["git", "status", "--porcelain", "--untracked-files=no"])
-        info["commit"] = commit + (" with uncommitted changes" if dirty else "")
-    elif os.environ.get("STRUCTNMT_COMMIT", "").strip():  # a copy of the tree without .git (a borrowed GPU)
-        info["commit"] = os.environ["STRUCTNMT_COMMIT"].strip()[:7] + " (as STRUCTNMT_COMMIT names it; no git here)"
+        commit += " with uncommitted changes" if dirty else ""
+    named = os.environ.get("STRUCTNMT_COMMIT", "").strip()[:7]
+    # a borrowed GPU's copy of the tree may carry the last commit that landed as its git HEAD and
+    # the local commits as uncommitted changes: the commit the caller names comes first
+    if named:
+        info["commit"] = f"{named} (as STRUCTNMT_COMMIT names it; git here: {commit or 'none'})"
     else:
-        info["commit"] = "unknown (no git repository here; STRUCTNMT_COMMIT unset)"
+        info["commit"] = commit or "unknown (no git repository here; STRUCTNMT_COMMIT unset)"
     info["training.cuda_graphs"] = "a config key here" if cuda_graphs_known() else NOT_AVAILABLE
     if dry:
         info["mode"] = "CPU dry run (--cpu): tiny sizes; every figure is meaningless"

@@ -31,5 +31,5 @@ copy() {  # every record folder of this seed (a record folder appears whole, by 
 watcher=$!
 trap 'kill $watcher 2>/dev/null; copy' EXIT
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | tee "$out/gpu.txt"
-{ git rev-parse HEAD 2>/dev/null || echo "${STRUCTNMT_COMMIT:-not known: no .git here and STRUCTNMT_COMMIT unset}"; } | tee "$out/commit.txt"
+{ if [ -n "${STRUCTNMT_COMMIT:-}" ]; then echo "$STRUCTNMT_COMMIT (as STRUCTNMT_COMMIT names it; git here: $(git rev-parse --short HEAD 2>/dev/null || echo none))"; else git rev-parse HEAD 2>/dev/null || echo "not known: no .git here and STRUCTNMT_COMMIT unset"; fi; } | tee "$out/commit.txt"
 structnmt study "$study" --seeds "$seed" --device "$device" --jobs "$jobs" 2>&1 | tee "$out/study.log"

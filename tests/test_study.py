@@ -1368,7 +1368,7 @@ def test_training_cuda_graphs_at_auto_keeps_the_digest_it_had_before_the_key():
     assert train_view(on)["training"]["cuda_graphs"] == "on" and config_digest(on) != config_digest(auto)
 
 
-def test_a_copy_without_git_names_the_commit_it_was_made_from(monkeypatch):
+def test_a_copy_of_the_tree_names_the_commit_it_was_made_from(monkeypatch):
     # a borrowed GPU machine gets the working tree without .git: the record keeps the commit the
     # command names (STRUCTNMT_COMMIT), and None when nothing names one
     from structnmt.study import provenance
@@ -1393,3 +1393,16 @@ def test_a_copy_without_git_names_the_commit_it_was_made_from(monkeypatch):
     assert provenance.git_commit() == "0123456789abcdef0123456789abcdef01234567"
     monkeypatch.delenv("STRUCTNMT_COMMIT")
     assert provenance.git_commit() is None
+
+    # a copy whose .git holds the last commit that landed, the commits since as changes: the named
+    # commit wins over git's "+dirty" one
+    root = str(Path(provenance.__file__).resolve().parent.parent.parent)
+
+    def landed_and_changed(cmd, **kwargs):
+        out = f"{root}\nfeedfacefeedfacefeedfacefeedfacefeedface\n" if "rev-parse" in cmd else " M structnmt/x.py\n"
+        return subprocess.CompletedProcess(cmd, 0, stdout=out, stderr="")
+
+    monkeypatch.setattr(provenance.subprocess, "run", landed_and_changed)
+    assert provenance.git_commit() == "feedfacefeedfacefeedfacefeedfacefeedface+dirty"
+    monkeypatch.setenv("STRUCTNMT_COMMIT", "0123456789abcdef0123456789abcdef01234567")
+    assert provenance.git_commit() == "0123456789abcdef0123456789abcdef01234567"

@@ -93,9 +93,13 @@ def versions() -> dict[str, str | None]:
 
 
 def git_commit() -> str | None:
-    """structnmt's commit (``+dirty`` when tracked files differ from it); outside a checkout (a
-    copy of the working tree on a borrowed GPU machine has no ``.git``) the commit the copy was
-    made from, as ``STRUCTNMT_COMMIT`` names it, else None."""
+    """structnmt's commit (``+dirty`` when tracked files differ from it). ``STRUCTNMT_COMMIT``, when
+    set, names it instead: a copy of the working tree on a borrowed GPU machine has no ``.git``, or
+    one whose HEAD is the last commit that landed with the commits since as uncommitted changes.
+    None when neither says."""
+    named = os.environ.get("STRUCTNMT_COMMIT", "").strip()
+    if named:
+        return named
     where = Path(__file__).resolve().parent
     root = where.parent.parent
     try:
@@ -108,7 +112,7 @@ def git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError, ValueError):
         commit, dirty = "", ""
     if not commit:
-        return os.environ.get("STRUCTNMT_COMMIT", "").strip() or None
+        return None
     return commit + ("+dirty" if dirty else "")
 
 
