@@ -200,3 +200,46 @@ def test_words_sharing_one_sub_word_are_merged_into_one_node():
     one = merge_words_sharing_pieces(chain, [(0, 3)])
     assert one.heads == [0] and one.words == ["xyz"]
     assert merge_words_sharing_pieces(tree, [(0, 1), (2, 8), (9, 10), (10, 11), (12, 19)]) is tree
+
+
+def _random_forest(rng: np.random.Generator, n: int) -> np.ndarray:
+    """Heads of n words in random order: each word hangs from another or is a top (-1, or itself)."""
+    heads = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        r = rng.random()
+        heads[i] = -1 if i == 0 or r < 0.1 else (i if r < 0.15 else rng.integers(0, i))
+    order = rng.permutation(n)  # word i becomes word order[i]
+    shuffled = np.empty(n, dtype=np.int64)
+    shuffled[order] = np.where(heads < 0, -1, order[np.maximum(heads, 0)])
+    return shuffled
+
+
+def test_batched_tree_distances_equal_each_tree_on_its_own() -> None:
+    from structnmt.data.structures import tree_distances_batch
+
+    rng = np.random.default_rng(7)
+    trees = [_random_forest(rng, int(n)) for n in rng.integers(0, 14, size=40)]
+    batch = tree_distances_batch(trees)
+    assert batch.shape == (40, max(map(len, trees)), max(map(len, trees))) and batch.dtype == np.int32
+    for b, heads in enumerate(trees):
+        n = len(heads)
+        assert np.array_equal(batch[b, :n, :n], tree_distances(heads))
+        assert not batch[b, n:].any() and not batch[b, :, n:].any()
+    with pytest.raises(DataError, match="cycle"):
+        tree_distances_batch([np.array([-1, 0]), np.array([1, 0])])
+
+
+def test_batched_scene_matrices_equal_each_sentence_on_its_own() -> None:
+    from structnmt.data.structures import scene_matrices_batch
+
+    rng = np.random.default_rng(11)
+    sentences = []
+    for _ in range(30):
+        words, scenes = int(rng.integers(1, 10)), int(rng.integers(0, 5))
+        pairs = [(w, s) for w in range(words) for s in range(scenes) if rng.random() < 0.3]
+        sentences.append((words, np.asarray(pairs, dtype=np.int64).reshape(-1, 2), _random_forest(rng, scenes)))
+    mask, dist = scene_matrices_batch(*zip(*sentences))
+    for b, (words, members, parents) in enumerate(sentences):
+        m, d = scene_matrices(words, members, parents)
+        assert np.array_equal(mask[b, :words, :words], m) and np.array_equal(dist[b, :words, :words], d)
+        assert mask[b, words:].all() and not dist[b, words:].any()

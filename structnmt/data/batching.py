@@ -15,7 +15,7 @@ import torch
 from structnmt.data.batch import BOS_ID, EOS_ID, PAD_ID, Batch
 from structnmt.data.dataset import NO_LABEL, ParallelDataset, side_arrays_of
 from structnmt.data.example import Example
-from structnmt.data.structures import build_struct
+from structnmt.data.structures import build_struct, stored_arrays_for
 
 #: examples sorted together when shuffling: large enough for tight length buckets, small
 #: enough that every epoch still mixes sentences of all lengths
@@ -193,8 +193,9 @@ def collate(dataset: ParallelDataset, indices: Sequence[int] | np.ndarray, field
     size padded to buckets (:func:`bucket`, for ``training.cuda_graphs``), so that an epoch has
     few shapes; the translation loss and the token count stay those of the unpadded batch."""
     indices = [int(i) for i in indices]
-    # a side with no structure field asked for needs its ids alone
-    names = {side: None if set(fields.get(side, ())) - {"valid"} else ("ids",) for side in ("src", "tgt")}
+    # the ids and the stored arrays the side's structure fields are built from, no others
+    names = {side: ["ids", *sorted(stored_arrays_for(fields.get(side, ())) & set(dataset.fields(side)))]
+             for side in ("src", "tgt")}
     src = [dataset.side_arrays(i, "src", names["src"]) for i in indices]
     tgt = [dataset.side_arrays(i, "tgt", names["tgt"]) for i in indices] if dataset.has_target else None
     return _collate_arrays(src, tgt, indices, fields, multiple, limit, bucketed, fill_rows)

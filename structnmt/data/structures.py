@@ -35,6 +35,15 @@ _NEEDS: dict[str, tuple[str, ...]] = {
 
 
 
+def stored_arrays_for(fields: Iterable[str]) -> set[str]:
+    """The stored arrays ``build_struct`` reads for ``fields`` (ids aside): the scene fields also
+    count a sentence's words from its word-level arrays (``_n_words``)."""
+    names = {need for field in fields if field != "valid" for need in _NEEDS.get(field, (field,))}
+    if names & {"scene_members"}:
+        names |= {"heads", "word_spans"}
+    return names
+
+
 def can_build(field: str, stored: Iterable[str]) -> bool:
     """True if the batch field ``field`` can be built from a side's stored arrays ``stored``
     (``dist`` and the scene fields are computed at collate time and never stored themselves)."""
@@ -202,6 +211,44 @@ def tree_distances(heads: Sequence[int] | np.ndarray) -> np.ndarray:
     return np.rint(dist).astype(np.int32)
 
 
+def tree_distances_batch(heads: Sequence[np.ndarray]) -> np.ndarray:
+    """``tree_distances`` of many trees at once: (B, W, W) int32, W the most words, each tree's
+    distances in its top-left block (zeros elsewhere). Every tree hangs from one virtual root at
+    index W (a forest's tops as ``tree_distances`` joins them; a single top one level lower, which
+    changes no path), padding nodes too, so the pointer chase and the ancestor product run once
+    for the batch: the Python loop runs as often as the deepest tree is deep."""
+    B = len(heads)
+    sizes = np.asarray([len(h) for h in heads], dtype=np.int64)
+    W = int(sizes.max(initial=0))
+    if B == 0 or W == 0:
+        return np.zeros((B, W, W), dtype=np.int32)
+    root = W
+    parents = np.full((B, W + 1), root, dtype=np.int64)
+    rows = np.repeat(np.arange(B), sizes)
+    cols = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    flat = np.concatenate([np.asarray(h, dtype=np.int64) for h in heads])
+    flat = np.where((flat < 0) | (flat == cols), root, flat)  # tops hang from the virtual root
+    parents[rows, cols] = flat
+    anc = np.zeros((B, W + 1, W + 1), dtype=bool)
+    b_idx, node = np.arange(B)[:, None], np.arange(W + 1)[None, :]
+    anc[b_idx, node, node] = True
+    cur = np.broadcast_to(node, (B, W + 1))
+    for _ in range(W + 1):
+        nxt = np.take_along_axis(parents, cur, axis=1)
+        if np.array_equal(nxt, cur):
+            break
+        anc[b_idx, node, nxt] = True
+        cur = nxt
+    else:
+        raise DataError("the tree has a cycle")
+    anc_f = anc.astype(np.float32)
+    depth = anc_f.sum(axis=2) - 1.0
+    shared = anc_f @ anc_f.transpose(0, 2, 1)
+    dist = depth[:, :, None] + depth[:, None, :] - 2.0 * (shared - 1.0)
+    real = node[:, :W] < sizes[:, None]
+    return np.where(real[:, :, None] & real[:, None, :], np.rint(dist[:, :W, :W]), 0).astype(np.int32)
+
+
 # ---------------------------------------------------------------------------
 # scenes at word level
 
@@ -233,6 +280,36 @@ def scene_matrices(n_words: int, members: np.ndarray, parents: np.ndarray) -> tu
     dist = np.where(member[None, :, :], to_scene[:, None, :], inf).min(axis=2)  # (words, words)
     dist[~np.isfinite(dist)] = 0.0
     return mask, dist.astype(np.float32)
+
+
+def scene_matrices_batch(n_words: Sequence[int], members: Sequence[np.ndarray],
+                         parents: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """``scene_matrices`` of many sentences at once: ``scene_mask`` (B, W, W) bool and
+    ``scene_dist`` (B, W, W) float32, W the most words, each sentence's matrices in its top-left
+    block (True and 0 elsewhere)."""
+    B = len(n_words)
+    sizes = np.asarray(n_words, dtype=np.int64)
+    W = int(sizes.max(initial=0))
+    n_scenes = [int(np.asarray(p).size) for p in parents]
+    S = max(max(n_scenes, default=0), 1)
+    member = np.zeros((B, W, S), dtype=bool)
+    for b, m in enumerate(members):  # one scatter a sentence: a few dozen (word, scene) pairs
+        m = np.asarray(m, dtype=np.int64).reshape(-1, 2)
+        if m.size:
+            member[b, m[:, 0], m[:, 1]] = True
+    member_f = member.astype(np.float32)
+    mask = (member_f @ member_f.transpose(0, 2, 1)) > 0
+    mask |= ~member.any(axis=2)[:, :, None]  # a word in no scene: its row all True
+    mask[:, np.arange(W), np.arange(W)] = True
+    sdist = tree_distances_batch([np.asarray(p, dtype=np.int64) for p in parents]).astype(np.float32)
+    sdist = np.pad(sdist, ((0, 0), (0, S - sdist.shape[1]), (0, S - sdist.shape[2])))
+    inf = np.float32(np.inf)
+    to_scene = np.where(member[:, :, :, None], sdist[:, None, :, :], inf).min(axis=2)  # (B, words, scenes)
+    dist = np.where(member[:, None, :, :], to_scene[:, :, None, :], inf).min(axis=3)  # (B, words, words)
+    dist[~np.isfinite(dist)] = 0.0
+    real = np.arange(W)[None, :] < sizes[:, None]
+    block = real[:, :, None] & real[:, None, :]
+    return mask | ~block, np.where(block, dist, 0.0).astype(np.float32)
 
 
 # ---------------------------------------------------------------------------
@@ -280,39 +357,55 @@ def build_struct(
     valid = (pos >= offset) & (pos < offset + np.asarray(lengths, dtype=np.int64).reshape(B, 1))
     out: dict[str, torch.Tensor] = {"valid": torch.from_numpy(valid)}
 
-    def per_token(name: str, default: np.ndarray, dtype: type, value) -> None:
+    # each sentence's sub-words, flattened: batch row and column of every one, so that a per-token
+    # field is one concatenation and one scatter, not a loop of row copies
+    counts = np.asarray(lengths, dtype=np.int64)
+    at_row = np.repeat(np.arange(B), counts)
+    at_col = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts) + offset
+
+    def flat(name: str, dtype: type) -> np.ndarray:
+        if not len(at_row):
+            return np.zeros(0, dtype=dtype)
+        return np.concatenate([ex[name][:n] for ex, n in zip(examples_side, lengths)]).astype(dtype, copy=False)
+
+    def per_token(name: str, default: np.ndarray, dtype: type, values) -> None:
         if name not in fields:
             return
         arr = np.array(np.broadcast_to(default, (B, L)), dtype=dtype)
-        for b, (ex, n) in enumerate(zip(examples_side, lengths)):
-            arr[b, offset:offset + n] = value(ex, n)
+        arr[at_row, at_col] = values()
         out[name] = torch.from_numpy(arr)
 
-    per_token("word_index", np.int64(-1), np.int64, lambda ex, n: ex["word_index"][:n])
-    per_token("parent_first", pos, np.int64, lambda ex, n: np.asarray(ex["parent_first"][:n]) + offset)
-    per_token("parent_mid", pos, np.float32, lambda ex, n: np.asarray(ex["parent_mid"][:n]) + offset)
-    per_token("labels", np.int64(0), np.int64,
-              lambda ex, n: np.asarray(ex["labels"], dtype=np.int64)[np.asarray(ex["word_index"][:n])])
+    def labels() -> np.ndarray:  # each sub-word's word's label: word_index into the sentence's labels
+        words = np.asarray([len(ex["labels"]) for ex in examples_side], dtype=np.int64)
+        stored = np.concatenate([np.asarray(ex["labels"], dtype=np.int64) for ex in examples_side]) if B else words
+        return stored[np.repeat(np.cumsum(words) - words, counts) + flat("word_index", np.int64)]
+
+    per_token("word_index", np.int64(-1), np.int64, lambda: flat("word_index", np.int64))
+    per_token("parent_first", pos, np.int64, lambda: flat("parent_first", np.int64) + offset)
+    per_token("parent_mid", pos, np.float32, lambda: flat("parent_mid", np.float32) + offset)
+    per_token("labels", np.int64(0), np.int64, labels)
 
     pair_fields = fields & {"dist", "scene_mask", "scene_dist"}
     if pair_fields:
-        dist = np.zeros((B, L, L), dtype=np.float32) if "dist" in fields else None
-        smask = np.ones((B, L, L), dtype=bool) if "scene_mask" in fields else None
-        sdist = np.zeros((B, L, L), dtype=np.float32) if "scene_dist" in fields else None
-        for b, (ex, n) in enumerate(zip(examples_side, lengths)):
-            wi = np.asarray(ex["word_index"][:n], dtype=np.int64)
-            block = np.ix_(wi, wi)
-            cells = (b, slice(offset, offset + n), slice(offset, offset + n))
-            if dist is not None:
-                dist[cells] = tree_distances(np.asarray(ex["heads"]))[block]
-            if smask is not None or sdist is not None:
-                m, d = scene_matrices(_n_words(ex, wi), np.asarray(ex["scene_members"]),
-                                      np.asarray(ex["scene_parent"]))
-                if smask is not None:
-                    smask[cells] = m[block]
-                if sdist is not None:
-                    sdist[cells] = d[block]
-        for name, arr in (("dist", dist), ("scene_mask", smask), ("scene_dist", sdist)):
-            if arr is not None:
-                out[name] = torch.from_numpy(arr)
+        # word-level matrices of the whole batch, then one gather to sub-words through word_index
+        wi = np.zeros((B, L), dtype=np.int64)
+        wi[at_row, at_col] = flat("word_index", np.int64)
+        rows = np.arange(B)[:, None, None]
+        block = valid[:, :, None] & valid[:, None, :]
+
+        def to_subwords(words: np.ndarray, default: float | bool) -> torch.Tensor:
+            cells = words[rows, wi[:, :, None], wi[:, None, :]] if words.size else np.zeros((B, L, L), words.dtype)
+            return torch.from_numpy(np.where(block, cells, default).astype(words.dtype))
+
+        if "dist" in fields:
+            words = tree_distances_batch([np.asarray(ex["heads"]) for ex in examples_side]).astype(np.float32)
+            out["dist"] = to_subwords(words, 0.0)
+        if fields & {"scene_mask", "scene_dist"}:
+            n_words = [_n_words(ex, np.asarray(ex["word_index"][:n])) for ex, n in zip(examples_side, lengths)]
+            mask, sdist = scene_matrices_batch(n_words, [ex["scene_members"] for ex in examples_side],
+                                               [ex["scene_parent"] for ex in examples_side])
+            if "scene_mask" in fields:
+                out["scene_mask"] = to_subwords(mask, True)
+            if "scene_dist" in fields:
+                out["scene_dist"] = to_subwords(sdist, 0.0)
     return out
