@@ -27,6 +27,8 @@ shapes, whose compilations are the longest and least predictable part, take what
 4. Every registered method's training overhead against vanilla on the small shape, eager, precision
    auto, on the built-in synthetic task (gold trees on both sides, so every method has its fields):
    blocks interleaved vanilla/method, ``--rounds`` (>= 3) rounds; the median and the spread.
+   ``--methods-mode graphs`` takes the GPU's default route instead (compiled, CUDA graphs), each
+   model on one fixed batch: a compile per method, so a call of its own (``--sections methods``).
 5. ``structnmt train`` (eager, precision auto) for ``--train-steps`` updates, then beam-5 decoding of
    the test split with that model: sentences/s, model loading excluded, after a warm-up; then the same
    training with every speed setting at its default, and with two data workers (issue 41, goal 2).
@@ -739,13 +741,17 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
     if run.args.methods:
         cases = [c for c in cases if c in run.args.methods]
     uncovered = sorted(registered_methods() - covered_methods())
+    graphs = run.args.methods_mode == "graphs"
+    route = ("under CUDA graphs (training.compile and training.cuda_graphs on), each model on one fixed batch "
+             "(the first planned batch, its fields collated once and padded to buckets as the trainer pads them; "
+             "collation outside the timing)") if graphs else "eager, collation included as in the trainer"
     sec.text.append(
         f"The built-in synthetic task ({len(ds):,} training pairs, gold trees on both sides, source scenes, "
         f"{vocab} sub-words), batches of at most {training.max_tokens:,} tokens, the same for every model; each "
         f"case of `tests/registry_cases.py` (every registered method at least once) on the small shape "
-        f"({size['enc_layers']}+{size['dec_layers']} layers, d_model {size['d_model']}, ff {size['d_ff']}), eager, "
-        f"{precision} (training.precision auto). A round is one vanilla block and one method block on the same "
-        f"batches, in alternating order, collation included as in the trainer; the overhead is 1 - the median of "
+        f"({size['enc_layers']}+{size['dec_layers']} layers, d_model {size['d_model']}, ff {size['d_ff']}), "
+        f"{precision} (training.precision auto), {route}. A round is one vanilla block and one method block on the "
+        f"same batches, in alternating order; the overhead is 1 - the median of "
         f"the rounds' method/vanilla ratios ({run.args.rounds} round(s)); the spread, the lowest and the highest "
         "round's overhead.")
     if uncovered:
@@ -753,17 +759,41 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
     sec.header = ["case", "methods", "tokens/s", "vanilla tokens/s (same rounds)", "overhead (median)",
                   "spread (min … max)", "rounds", "within 10%"]
 
+    fixed: dict[str, Any] = {}  # graphs: each variant's one batch, and its target tokens
+
     def variant(case: str) -> Any:
         torch.manual_seed(1)
         model = make_model(case, vocab, **size)
-        return bench_train.Variant(case, None, Updater(model, training, run.device), model.structure_needs())
+        if not graphs:
+            return bench_train.Variant(case, None, Updater(model, training, run.device), model.structure_needs())
+        from structnmt.data.batching import collate
+
+        v = bench_train.Variant(case, None, make_updater(run, model, "auto", "graphs"), model.structure_needs())
+        batch = collate(ds, batches[0], v.fields, multiple=8, bucketed=True)
+        tokens = 0
+        for _ in range(3):  # compilation and graph recording, outside the timing
+            torch.compiler.cudagraph_mark_step_begin()
+            tokens = v.updater.update([batch]).tokens
+        if not v.updater.compiled:
+            raise NotMeasured("compiling failed, the update fell back to eager: " + "; ".join(v.updater.notes))
+        if not run.dry and getattr(v.updater, "cuda_graphs", None) is False:
+            why = getattr(v.updater, "cuda_graphs_reason", "")
+            raise NotMeasured(f"the update ran without CUDA graphs: {why}")
+        fixed[case] = (batch, tokens)
+        return v
 
     def block(v: Any, n: int) -> float:
+        if graphs:
+            batch, tokens = fixed[v.name]
+            return tokens * n / timed_updates(run, v.updater, batch, n, True)
         tokens, seconds = bench_train.run_block(v, ds, batches[:n], sync=True)
         return tokens / seconds
 
     vanilla = variant("vanilla")
-    bench_train.run_block(vanilla, ds, batches[:2])
+    if graphs:
+        block(vanilla, 2)
+    else:
+        bench_train.run_block(vanilla, ds, batches[:2])
     started = time.perf_counter()
     block(vanilla, 1)
     vanilla_update = time.perf_counter() - started
@@ -777,9 +807,13 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
         try:
             method = variant(case)
             started = time.perf_counter()
-            bench_train.run_block(method, ds, batches[:2])  # warm-up: two updates
+            if graphs:  # warm-up: two updates
+                block(method, 2)
+            else:
+                bench_train.run_block(method, ds, batches[:2])
             per_update = max((time.perf_counter() - started) / 2, vanilla_update)
-            steps = max(2, min(8, math.ceil(run.block_s / 2 / per_update)))
+            # eager walks the 8 planned batches; a fixed batch under graphs allows blocks of ~run.block_s / 2
+            steps = max(2, min(200 if graphs else 8, math.ceil(run.block_s / 2 / per_update)))
             ratios, rates, vanilla_rates = [], [], []
             for r in range(run.args.rounds):
                 if r and time.monotonic() > deadline:
@@ -1071,6 +1105,9 @@ def main(argv: list[str] | None = None) -> int:
                                                     "--cpu: 300); each section gets its share")
     p.add_argument("--sections", default=",".join(HEADINGS), help="comma-separated, of: %(default)s")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default %(default)s)")
+    p.add_argument("--methods-mode", choices=["eager", "graphs"], default="eager",
+                   help="section 4's route: eager (collation timed, as the trainer without workers) or CUDA graphs "
+                        "(a compile and a recording per method: a call of its own, --sections methods)")
     p.add_argument("--shapes", default="small,big", help="training shapes: small, big")
     p.add_argument("--precisions", default="bf16,fp32", help="training precisions: bf16, fp32")
     p.add_argument("--tf32", action="store_true", help="fp32 training with TF32 matmuls (default: off, as torch)")

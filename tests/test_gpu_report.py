@@ -199,3 +199,18 @@ def test_host_syncs_are_counted_by_where_they_happen(monkeypatch):
     found = g.host_syncs(Run(), Calling(), [1], ours=Path("/nowhere"))
     assert found == {"count": 1, "where": ["fake.py:3"]}  # no line of ours on the stack: the warning's own place
     assert warnings.showwarning is shown  # put back
+
+
+@pytest.mark.slow
+def test_the_methods_under_cuda_graphs_in_the_dry_run(tmp_path):
+    """``--methods-mode graphs``: each model on one fixed batch through the graphs' updater (on the
+    CPU: compiled with the eager backend); the section says which route it took."""
+    out = tmp_path / "out"
+    done = gpu_report("--cpu", "--sections", "methods", "--methods-mode", "graphs", "--methods", "sasa",
+                      "--out", out, tmp=tmp_path)
+    assert done.returncode == 0, f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}"
+    report, data = read(out)
+    methods = data["sections"]["methods"]["data"]
+    assert set(methods) == {"sasa"} and methods["sasa"]["rounds"] == 3, methods
+    assert all(r > 0 for r in methods["sasa"]["rates"] + methods["sasa"]["vanilla_rates"])
+    assert "under CUDA graphs" in report and "collation outside the timing" in report
