@@ -4,8 +4,9 @@
 #
 #   bash studies/gpu_seed.sh studies/multi30k_en_de_converged.yaml 5 [JOBS]
 #
-# The machine needs the prepared dataset, not the raw text: carry data/multi30k_en_de (38 MB)
-# and .whl (benchmarks/gpu_wheels.sh; 3 MB) with the working tree; prepare uses the dataset as
+# The machine needs the prepared dataset, not the raw text: carry data/multi30k_en_de's meta.json,
+# spm.model and split folders (27 MB; not .parse_cache: a call carries 64 MiB and 8 paths at most)
+# and .whl (benchmarks/gpu_wheels.sh; 4 MB) with the working tree; prepare uses the dataset as
 # it is when its inputs are absent. Back on the workstation, copy the record folders into
 # studies/<study>/<recipe>/seed<N> and regenerate the report (`structnmt study STUDY --report`);
 # a seed goes in whole, or waits in studies/pending.
