@@ -743,7 +743,7 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
     uncovered = sorted(registered_methods() - covered_methods())
     graphs = run.args.methods_mode == "graphs"
     route = ("under CUDA graphs (training.compile and training.cuda_graphs on), each model on one fixed batch "
-             "(the first planned batch, its fields collated once and padded to buckets as the trainer pads them; "
+             "(the first planned batch, its fields collated once, lengths padded to buckets, no filler rows; "
              "collation outside the timing)") if graphs else "eager, collation included as in the trainer"
     sec.text.append(
         f"The built-in synthetic task ({len(ds):,} training pairs, gold trees on both sides, source scenes, "

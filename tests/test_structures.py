@@ -229,8 +229,12 @@ def test_batched_tree_distances_equal_each_tree_on_its_own() -> None:
         tree_distances_batch([np.array([-1, 0]), np.array([1, 0])])
 
 
-def test_batched_scene_matrices_equal_each_sentence_on_its_own() -> None:
+@pytest.mark.parametrize("cells", [1 << 22, 50], ids=["one group", "a group a sentence"])
+def test_batched_scene_matrices_equal_each_sentence_on_its_own(cells: int, monkeypatch) -> None:
+    from structnmt.data import structures
     from structnmt.data.structures import scene_matrices_batch
+
+    monkeypatch.setattr(structures, "SCENE_CELLS", cells)
 
     rng = np.random.default_rng(11)
     sentences = []
@@ -243,3 +247,17 @@ def test_batched_scene_matrices_equal_each_sentence_on_its_own() -> None:
         m, d = scene_matrices(words, members, parents)
         assert np.array_equal(mask[b, :words, :words], m) and np.array_equal(dist[b, :words, :words], d)
         assert mask[b, words:].all() and not dist[b, words:].any()
+
+
+def test_damaged_stored_structure_is_a_data_error_not_a_wrong_batch() -> None:
+    """Indices past a sentence's own words or scenes would read a neighbour's cells in a batched
+    build: each is refused with the reason."""
+    from structnmt.data.structures import scene_matrices_batch, tree_distances_batch
+
+    with pytest.raises(DataError, match="head points past"):
+        tree_distances_batch([np.array([-1, 3]), np.array([-1, 0, 1, 2])])
+    with pytest.raises(DataError, match="scene membership"):
+        scene_matrices_batch([2, 2], [np.array([[0, 0]]), np.array([[1, 0]])], [np.array([-1]), np.array([], int)])
+    ex = {"ids": np.array([5, 6]), "word_index": np.array([0, 1]), "labels": np.array([3])}
+    with pytest.raises(DataError, match="word index lies outside"):
+        build_struct([ex], {"labels"}, [2], 0, 3)

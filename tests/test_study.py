@@ -1406,3 +1406,5 @@ def test_a_copy_of_the_tree_names_the_commit_it_was_made_from(monkeypatch):
     assert provenance.git_commit() == "feedfacefeedfacefeedfacefeedfacefeedface+dirty"
     monkeypatch.setenv("STRUCTNMT_COMMIT", "0123456789abcdef0123456789abcdef01234567")
     assert provenance.git_commit() == "0123456789abcdef0123456789abcdef01234567"
+    monkeypatch.setenv("STRUCTNMT_COMMIT", "feedface")  # naming git's own HEAD keeps git's word, "+dirty" too
+    assert provenance.git_commit() == "feedfacefeedfacefeedfacefeedfacefeedface+dirty"

@@ -227,6 +227,10 @@ def tree_distances_batch(heads: Sequence[np.ndarray]) -> np.ndarray:
     rows = np.repeat(np.arange(B), sizes)
     cols = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     flat = np.concatenate([np.asarray(h, dtype=np.int64) for h in heads])
+    if (flat >= np.repeat(sizes, sizes)).any():
+        b = int(rows[np.argmax(flat >= np.repeat(sizes, sizes))])
+        raise DataError(f"a stored head points past its sentence's {sizes[b]} words (sentence {b} of the batch): "
+                        "the dataset is damaged")
     flat = np.where((flat < 0) | (flat == cols), root, flat)  # tops hang from the virtual root
     parents[rows, cols] = flat
     anc = np.zeros((B, W + 1, W + 1), dtype=bool)
@@ -282,6 +286,10 @@ def scene_matrices(n_words: int, members: np.ndarray, parents: np.ndarray) -> tu
     return mask, dist.astype(np.float32)
 
 
+#: the most cells (sentences x words x words x scenes) ``scene_matrices_batch`` reduces at once: 16 MB of float32
+SCENE_CELLS = 1 << 22
+
+
 def scene_matrices_batch(n_words: Sequence[int], members: Sequence[np.ndarray],
                          parents: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """``scene_matrices`` of many sentences at once: ``scene_mask`` (B, W, W) bool and
@@ -295,6 +303,9 @@ def scene_matrices_batch(n_words: Sequence[int], members: Sequence[np.ndarray],
     member = np.zeros((B, W, S), dtype=bool)
     for b, m in enumerate(members):  # one scatter a sentence: a few dozen (word, scene) pairs
         m = np.asarray(m, dtype=np.int64).reshape(-1, 2)
+        if m.size and ((m < 0).any() or m[:, 0].max() >= sizes[b] or m[:, 1].max() >= n_scenes[b]):
+            raise DataError(f"a stored scene membership (word, scene) lies outside sentence {b} of the batch "
+                            f"({sizes[b]} words, {n_scenes[b]} scenes): the dataset is damaged")
         if m.size:
             member[b, m[:, 0], m[:, 1]] = True
     member_f = member.astype(np.float32)
@@ -304,8 +315,14 @@ def scene_matrices_batch(n_words: Sequence[int], members: Sequence[np.ndarray],
     sdist = tree_distances_batch([np.asarray(p, dtype=np.int64) for p in parents]).astype(np.float32)
     sdist = np.pad(sdist, ((0, 0), (0, S - sdist.shape[1]), (0, S - sdist.shape[2])))
     inf = np.float32(np.inf)
-    to_scene = np.where(member[:, :, :, None], sdist[:, None, :, :], inf).min(axis=2)  # (B, words, scenes)
-    dist = np.where(member[:, None, :, :], to_scene[:, :, None, :], inf).min(axis=3)  # (B, words, words)
+    dist = np.zeros((B, W, W), dtype=np.float32)
+    # the nearest-scene minima hold (rows, W, W, S) cells: sentences in groups of at most
+    # SCENE_CELLS cells, so that a batch of long sentences with many scenes stays small
+    rows = max(1, SCENE_CELLS // max(W * W * S, 1))
+    for lo in range(0, B, rows):
+        part, d = member[lo:lo + rows], sdist[lo:lo + rows]
+        to_scene = np.where(part[:, :, :, None], d[:, None, :, :], inf).min(axis=2)  # (rows, words, scenes)
+        dist[lo:lo + rows] = np.where(part[:, None, :, :], to_scene[:, :, None, :], inf).min(axis=3)
     dist[~np.isfinite(dist)] = 0.0
     real = np.arange(W)[None, :] < sizes[:, None]
     block = real[:, :, None] & real[:, None, :]
@@ -378,7 +395,10 @@ def build_struct(
     def labels() -> np.ndarray:  # each sub-word's word's label: word_index into the sentence's labels
         words = np.asarray([len(ex["labels"]) for ex in examples_side], dtype=np.int64)
         stored = np.concatenate([np.asarray(ex["labels"], dtype=np.int64) for ex in examples_side]) if B else words
-        return stored[np.repeat(np.cumsum(words) - words, counts) + flat("word_index", np.int64)]
+        index = flat("word_index", np.int64)
+        if ((index < 0) | (index >= np.repeat(words, counts))).any():
+            raise DataError("a stored word index lies outside its sentence's labelled words: the dataset is damaged")
+        return stored[np.repeat(np.cumsum(words) - words, counts) + index]
 
     per_token("word_index", np.int64(-1), np.int64, lambda: flat("word_index", np.int64))
     per_token("parent_first", pos, np.int64, lambda: flat("parent_first", np.int64) + offset)

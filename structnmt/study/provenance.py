@@ -94,12 +94,10 @@ def versions() -> dict[str, str | None]:
 
 def git_commit() -> str | None:
     """structnmt's commit (``+dirty`` when tracked files differ from it). ``STRUCTNMT_COMMIT``, when
-    set, names it instead: a copy of the working tree on a borrowed GPU machine has no ``.git``, or
-    one whose HEAD is the last commit that landed with the commits since as uncommitted changes.
-    None when neither says."""
+    set and not git's HEAD, names it instead: a copy of the working tree on a borrowed GPU machine
+    has no ``.git``, or one whose HEAD is the last commit that landed with the commits since as
+    uncommitted changes. None when neither says."""
     named = os.environ.get("STRUCTNMT_COMMIT", "").strip()
-    if named:
-        return named
     where = Path(__file__).resolve().parent
     root = where.parent.parent
     try:
@@ -111,6 +109,8 @@ def git_commit() -> str | None:
             commit, dirty = "", ""
     except (OSError, subprocess.SubprocessError, ValueError):
         commit, dirty = "", ""
+    if named and not (commit and commit.startswith(named)):
+        return named
     if not commit:
         return None
     return commit + ("+dirty" if dirty else "")
