@@ -15,7 +15,7 @@ import torch
 from structnmt.data.batch import BOS_ID, EOS_ID, PAD_ID, Batch
 from structnmt.data.dataset import NO_LABEL, ParallelDataset, side_arrays_of
 from structnmt.data.example import Example
-from structnmt.data.structures import build_struct, stored_arrays_for
+from structnmt.data.structures import build_struct, ragged_cells, stored_arrays_for
 
 #: examples sorted together when shuffling: large enough for tight length buckets, small
 #: enough that every epoch still mixes sentences of all lengths
@@ -155,13 +155,9 @@ def _padded(side: Sequence[Mapping[str, np.ndarray]], lengths: Sequence[int], ro
     """(rows, length) int64 of PAD with each sentence's ids from column ``first`` on, in one
     scatter (a Python loop of row copies cost as much as a small model's update on a GPU)."""
     out = np.full((rows, length), PAD_ID, dtype=np.int64)
-    counts = np.asarray(lengths, dtype=np.int64)
-    total = int(counts.sum())
-    if total:
-        flat = np.concatenate([a["ids"] for a in side])
-        row = np.repeat(np.arange(rows), counts)
-        col = np.arange(total) - np.repeat(np.cumsum(counts) - counts, counts) + first
-        out[row, col] = flat
+    row, col = ragged_cells(np.asarray(lengths, dtype=np.int64))
+    if row.size:
+        out[row, col + first] = np.concatenate([a["ids"] for a in side])
     return out
 
 

@@ -211,6 +211,14 @@ def tree_distances(heads: Sequence[int] | np.ndarray) -> np.ndarray:
     return np.rint(dist).astype(np.int32)
 
 
+def ragged_cells(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(row, column) of every item of ragged rows holding ``counts`` items each: where a flat
+    concatenation of the rows lands in a padded (rows, longest) array, in one scatter."""
+    counts = np.asarray(counts, dtype=np.int64)
+    rows = np.repeat(np.arange(counts.size), counts)
+    return rows, np.arange(rows.size) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
 def tree_distances_batch(heads: Sequence[np.ndarray]) -> np.ndarray:
     """``tree_distances`` of many trees at once: (B, W, W) int32, W the most words, each tree's
     distances in its top-left block (zeros elsewhere). Every tree hangs from one virtual root at
@@ -224,8 +232,7 @@ def tree_distances_batch(heads: Sequence[np.ndarray]) -> np.ndarray:
         return np.zeros((B, W, W), dtype=np.int32)
     root = W
     parents = np.full((B, W + 1), root, dtype=np.int64)
-    rows = np.repeat(np.arange(B), sizes)
-    cols = np.arange(int(sizes.sum())) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    rows, cols = ragged_cells(sizes)
     flat = np.concatenate([np.asarray(h, dtype=np.int64) for h in heads])
     if (flat >= np.repeat(sizes, sizes)).any():
         b = int(rows[np.argmax(flat >= np.repeat(sizes, sizes))])
@@ -377,8 +384,8 @@ def build_struct(
     # each sentence's sub-words, flattened: batch row and column of every one, so that a per-token
     # field is one concatenation and one scatter, not a loop of row copies
     counts = np.asarray(lengths, dtype=np.int64)
-    at_row = np.repeat(np.arange(B), counts)
-    at_col = np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts) + offset
+    at_row, at_col = ragged_cells(counts)
+    at_col = at_col + offset
 
     def flat(name: str, dtype: type) -> np.ndarray:
         if not len(at_row):
