@@ -308,13 +308,18 @@ def scene_matrices_batch(n_words: Sequence[int], members: Sequence[np.ndarray],
     n_scenes = [int(np.asarray(p).size) for p in parents]
     S = max(max(n_scenes, default=0), 1)
     member = np.zeros((B, W, S), dtype=bool)
-    for b, m in enumerate(members):  # one scatter a sentence: a few dozen (word, scene) pairs
-        m = np.asarray(m, dtype=np.int64).reshape(-1, 2)
-        if m.size and ((m < 0).any() or m[:, 0].max() >= sizes[b] or m[:, 1].max() >= n_scenes[b]):
+    # every sentence's (word, scene) pairs in one array, checked and scattered at once
+    pairs = [np.asarray(m, dtype=np.int64).reshape(-1, 2) for m in members]
+    per = np.fromiter((len(m) for m in pairs), dtype=np.int64, count=B)
+    if per.sum():
+        flat = np.concatenate(pairs)
+        owner = np.repeat(np.arange(B), per)
+        bad = (flat < 0).any(axis=1) | (flat[:, 0] >= sizes[owner]) | (flat[:, 1] >= np.asarray(n_scenes)[owner])
+        if bad.any():
+            b = int(owner[bad.argmax()])
             raise DataError(f"a stored scene membership (word, scene) lies outside sentence {b} of the batch "
                             f"({sizes[b]} words, {n_scenes[b]} scenes): the dataset is damaged")
-        if m.size:
-            member[b, m[:, 0], m[:, 1]] = True
+        member[owner, flat[:, 0], flat[:, 1]] = True
     member_f = member.astype(np.float32)
     mask = (member_f @ member_f.transpose(0, 2, 1)) > 0
     mask |= ~member.any(axis=2)[:, :, None]  # a word in no scene: its row all True
