@@ -162,6 +162,23 @@ def test_collate_layout_and_target_offset(stored) -> None:
     assert batch.n_tgt_tokens == sum(n_tgt) + 2
 
 
+def test_collate_reads_only_the_arrays_its_fields_are_built_from(stored, monkeypatch) -> None:
+    # a vanilla batch of a parsed dataset reads the ids alone: reading every stored array (trees,
+    # scenes) for every sentence cost a small model's GPU step in host time
+    root, _exs, _ = stored
+    ds = ParallelDataset(root, "train")
+    assert ds.has("src", "heads") and ds.has("src", "scene_members")  # there is more to read
+    read: list[tuple[str, tuple[str, ...]]] = []
+    side_arrays = ds.side_arrays
+    monkeypatch.setattr(ds, "side_arrays", lambda i, side, names=None: (
+        read.append((side, tuple(names) if names is not None else ("ALL",))), side_arrays(i, side, names))[1])
+    collate(ds, [0, 1, 2], {"src": set(), "tgt": set()})
+    assert set(read) == {("src", ("ids",)), ("tgt", ("ids",))}
+    read.clear()
+    collate(ds, [0, 1], {"src": {"parent_mid"}, "tgt": set()})
+    assert set(read) == {("src", ("ids", "parent_mid")), ("tgt", ("ids",))}
+
+
 def test_collate_examples_matches_collate(stored) -> None:
     root, exs, stats = stored
     ds = ParallelDataset(root, "train")
