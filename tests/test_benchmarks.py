@@ -42,6 +42,14 @@ def test_bench_train_smoke(work):
     assert "overhead" in out and (work / "results" / "train.md").is_file()
 
 
+def test_bench_commits_smoke(work):
+    out = run("bench_commits.py", "--smoke", work / "task", tmp=work)
+    assert "against HEAD: median target tokens/s ratio" in out
+    assert (work / "results" / "bench_commits.md").is_file()
+    listed = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
+    assert "bench_commits_" not in listed  # the scratch worktree is gone
+
+
 def test_bench_collate_smoke(work):
     out = run("bench_collate.py", "--smoke", work / "task", tmp=work)
     assert "smoke: collate and prefetch measured" in out
