@@ -347,7 +347,9 @@ class TrainingConfig:
     early_stopping_metric: Literal["bleu", "loss"] = "bleu"
     keep_last: int = 3  # step checkpoints kept besides best.pt and last.pt
     log_every: int = 100
-    num_workers: int = 0  # processes collating training batches ahead (structnmt/data/prefetch.py)
+    # processes collating training batches ahead (structnmt/data/prefetch.py); auto: 2 on a CUDA GPU
+    # where this process has 3 or more cores of its own, else 0 (on a CPU they take the update's cores)
+    num_workers: int | Literal["auto"] = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # auto: on a CPU bf16 where it is native, else fp32; on a GPU fp32 with TF32 matmuls for
     # d_model < 1024 (launch-bound), else bf16 (fp16 + gradient scaler without bf16); fp32 is
@@ -380,8 +382,10 @@ class TrainingConfig:
         _need(0.0 <= self.label_smoothing < 1.0, "must be in [0, 1)", f"{where}.label_smoothing")
         _need(self.eps > 0, "must be positive", f"{where}.eps")
         _at_least(self, where, 0, "max_steps", "max_epochs", "max_minutes", "weight_decay", "clip_norm",
-                  "valid_every", "early_stopping", "keep_last", "log_every", "num_workers", "threads",
+                  "valid_every", "early_stopping", "keep_last", "log_every", "threads",
                   "max_bad_steps", "bucket_width", "pad_to_multiple")
+        if self.num_workers != "auto":
+            _at_least(self, where, 0, "num_workers")
         _at_least(self, where, 1, "valid_beam")
         check_beam(self.valid_beam, f"{where}.valid_beam")
 

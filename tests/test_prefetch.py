@@ -192,3 +192,31 @@ def test_a_trainer_that_collates_its_own_batches_keeps_them_in_process(data_dir,
     trainer = make_trainer(tiny_cfg(tmp_path / "run", max_steps=2, num_workers=2), data_dir, cls=SlowTrainer)
     trainer.run()
     assert "training.num_workers: 2 ignored: SlowTrainer collates its own batches" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("cores", "processes", "device", "expected"), [
+    (16, 1, "cuda", 2),  # a GPU host: two workers collate beside the queued updates
+    (2, 1, "cuda", 1),  # one core for the update, one for a worker
+    (1, 1, "cuda", 0),
+    (16, 8, "cuda", 1),  # eight DDP processes on the node share its cores
+    (16, 1, "cpu", 0),  # on a CPU the workers would take the update's cores
+])
+def test_num_workers_auto_collates_ahead_on_a_gpu_only(cores, processes, device, expected, monkeypatch):
+    from structnmt.training.environment import data_workers
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(cores)), raising=False)
+    workers, reason = data_workers("auto", torch.device(device), processes)
+    assert workers == expected and reason.startswith(f"{expected} (auto")
+    assert data_workers(3, torch.device(device), processes) == (3, "3")  # a number is taken as it is
+
+
+def test_num_workers_accepts_auto_or_a_count_and_names_the_field_otherwise():
+    from structnmt.config import config_from_dict
+    from structnmt.errors import ConfigError
+
+    assert config_from_dict({}).training.num_workers == "auto"
+    assert config_from_dict({"training": {"num_workers": 2}}).training.num_workers == 2
+    for bad, says in ((-1, "must not be negative"), ("many", "expected int or")):
+        with pytest.raises(ConfigError, match=says) as err:
+            config_from_dict({"training": {"num_workers": bad}})
+        assert "training.num_workers" in str(err.value)

@@ -71,7 +71,7 @@ from structnmt.training.checks import (
     warn_weak_german_trees,
 )
 from structnmt.training.compiled import length_multiple
-from structnmt.training.environment import pick_device, rng_state, seed_everything, set_rng_state
+from structnmt.training.environment import data_workers, pick_device, rng_state, seed_everything, set_rng_state
 from structnmt.training.logger import RunLogger, TrainWindow, dataset_parsers, rewind_log, write_run_files
 from structnmt.training.updater import Updater, UpdateStats
 from structnmt.training.validation import improved, metric_name, validate
@@ -362,7 +362,10 @@ class Trainer:
     def _loop(self, log: RunLogger) -> str:
         from structnmt.data.prefetch import BatchPrefetcher
 
-        workers = self.t.num_workers
+        workers, reason = data_workers(self.t.num_workers, self.device,
+                                       int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if self.ctx.enabled else 1)
+        if workers or self.device.type == "cuda":
+            log.message(f"training.num_workers: {reason}")
         if workers and type(self).collate is not Trainer.collate:
             log.message(f"training.num_workers: {workers} ignored: {type(self).__name__} collates its own "
                         "batches (workers run the default collate)")
