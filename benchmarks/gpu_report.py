@@ -31,7 +31,8 @@ shapes, whose compilations are the longest and least predictable part, take what
    model on one fixed batch: a compile per method, so a call of its own (``--sections methods``).
 5. ``structnmt train`` (eager, precision auto) for ``--train-steps`` updates, then beam-5 decoding of
    the test split with that model: sentences/s, model loading excluded, after a warm-up; then the same
-   training with every speed setting at its default, and with two data workers (issue 41, goal 2).
+   training with every speed setting at its default (two data workers on a GPU host), and without
+   data workers (issue 41, goal 2).
 6. Joey NMT 2.3.0 on the same data, vocabulary, shape and device in the same run (``bench_joey.py``'s
    inputs), training and beam-5 decoding beside section 5's figures, when an interpreter imports
    joeynmt (this one, ``benchmarks/envs/joey``, or ``--joey-python``); nothing is installed (no
@@ -965,16 +966,18 @@ BASELINE_1C433CD = "48k target tokens/s on one H200 (torch 2.11.0+cu130, 2026-11
 def train_defaults(run: Run, sec: Section, deadline: float, eager_s: float, dataset: Path, config: str,
                    plain: bool, threads: int, max_tokens: int, device: str, work: Path) -> None:
     """``structnmt train`` with every speed setting at its default (compile, CUDA graphs and precision
-    auto), then with two data workers: the figure goal 2 of issue 41 asks for (>= 3x commit 1c433cd's
-    default on the same GPU). Compilation and graph recording stay out of the log's tokens/s; each
+    auto; ``training.num_workers`` auto, two data workers on a GPU host), then without data workers:
+    the figure goal 2 of issue 41 asks for (>= 3x commit 1c433cd's default on the same GPU), and what
+    the workers give. Compilation and graph recording stay out of the log's tokens/s; each
     run is expected to take the eager run's time (``eager_s``) and, on a GPU, a minute of compiling."""
     args = run.args
     sec.text.append(
-        f"Then the same training with the defaults (training.compile, cuda_graphs and precision auto), and with "
-        f"`training.num_workers: 2` (batches collated ahead in worker processes), {args.train_steps} updates each, "
+        f"Then the same training with the defaults (training.compile, cuda_graphs, precision and num_workers auto: "
+        f"on a GPU host two worker processes collate batches ahead), and with `training.num_workers: 0`, "
+        f"{args.train_steps} updates each, "
         f"compilation and graph recording kept out of the log's tokens/s. For reference, commit 1c433cd's default "
         f"gave {BASELINE_1C433CD}.")
-    for label, extra in (("defaults", {}), ("defaults, 2 data workers", {"training.num_workers": 2})):
+    for label, extra in (("defaults", {}), ("defaults, no data workers", {"training.num_workers": 0})):
         row = f"training ({label}), target tokens/s"
         if time.monotonic() + eager_s + (0 if run.dry else 60) > deadline:
             sec.rows.append([row, "not measured: the section's time budget ran out"])
