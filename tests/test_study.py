@@ -602,6 +602,20 @@ def test_every_run_trains_on_the_executors_device_which_is_not_part_of_its_diges
             assert config_digest(cfg) == config_digest(plain.run_config(recipe, seed))
 
 
+def test_runs_packed_on_a_gpu_host_keep_their_data_workers_within_their_share_of_the_cores(recipes, tmp_path):
+    # num_workers auto would give every run two workers on a GPU host: eight runs at once would
+    # then start 24 processes on 16 cores; the executor's share (threads) bounds them instead
+    from structnmt.study.spec import config_digest
+
+    for device, threads, workers in (("cuda", 1, 0), ("cuda", 2, 1), ("cuda", 4, 2), ("cpu", 4, "auto")):
+        study = load_study(_study_file(tmp_path, recipes, name=f"w{device}{threads}", executor={
+            "kind": "local", "jobs": 2, "threads": threads, "device": device}))
+        cfg = study.run_config("pascal", 1)
+        assert cfg.training.num_workers == workers
+        plain = load_study(_study_file(tmp_path, recipes, name=f"p{device}{threads}"))
+        assert config_digest(cfg) == config_digest(plain.run_config("pascal", 1))  # not part of what a run is
+
+
 def test_cuda_asked_for_without_a_gpu_is_refused_before_any_run(recipes, tmp_path, monkeypatch):
     import torch
 
