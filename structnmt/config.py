@@ -348,7 +348,8 @@ class TrainingConfig:
     keep_last: int = 3  # step checkpoints kept besides best.pt and last.pt
     log_every: int = 100
     # processes collating training batches ahead (structnmt/data/prefetch.py); auto: 2 on a CUDA GPU
-    # where this process has 3 or more cores of its own, else 0 (on a CPU they take the update's cores)
+    # where this process has 3 or more cores of its own (at most `threads` where set), else 0 (on a
+    # CPU they take the update's cores)
     num_workers: int | Literal["auto"] = "auto"
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     # auto: on a CPU bf16 where it is native, else fp32; on a GPU fp32 with TF32 matmuls for

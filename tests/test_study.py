@@ -602,18 +602,23 @@ def test_every_run_trains_on_the_executors_device_which_is_not_part_of_its_diges
             assert config_digest(cfg) == config_digest(plain.run_config(recipe, seed))
 
 
-def test_runs_packed_on_a_gpu_host_keep_their_data_workers_within_their_share_of_the_cores(recipes, tmp_path):
+def test_runs_packed_on_a_gpu_host_keep_their_data_workers_within_their_share_of_the_cores(recipes, tmp_path,
+                                                                                          monkeypatch):
     # num_workers auto would give every run two workers on a GPU host: eight runs at once would
-    # then start 24 processes on 16 cores; the executor's share (threads) bounds them instead
-    from structnmt.study.spec import config_digest
+    # then start 24 processes on 16 cores; the executor's share (training.threads) bounds them
+    import torch
 
-    for device, threads, workers in (("cuda", 1, 0), ("cuda", 2, 1), ("cuda", 4, 2), ("cpu", 4, "auto")):
-        study = load_study(_study_file(tmp_path, recipes, name=f"w{device}{threads}", executor={
-            "kind": "local", "jobs": 2, "threads": threads, "device": device}))
-        cfg = study.run_config("pascal", 1)
-        assert cfg.training.num_workers == workers
-        plain = load_study(_study_file(tmp_path, recipes, name=f"p{device}{threads}"))
-        assert config_digest(cfg) == config_digest(plain.run_config("pascal", 1))  # not part of what a run is
+    from structnmt.training.environment import data_workers
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)), raising=False)
+    for device in ("cuda", "auto"):  # whatever the executor's device is spelt, the share is the run's threads
+        for threads, workers in ((1, 0), (2, 1), (4, 2)):
+            study = load_study(_study_file(tmp_path, recipes, name=f"w{device}{threads}", executor={
+                "kind": "local", "jobs": 2, "threads": threads, "device": device}))
+            t = study.run_config("pascal", 1).training
+            assert t.num_workers == "auto" and t.threads == threads
+            assert data_workers(t.num_workers, torch.device("cuda"), 1, t.threads)[0] == workers
+    assert data_workers("auto", torch.device("cuda"), 1, 0)[0] == 2  # a run of its own: the host's cores
 
 
 def test_cuda_asked_for_without_a_gpu_is_refused_before_any_run(recipes, tmp_path, monkeypatch):

@@ -236,9 +236,6 @@ class Study(StudyFile):
         if self.executor.device is not None and self.executor.device != cfg.training.device:
             setattr(cfg, RECIPE_DEVICE, cfg.training.device)
             cfg.training.device = self.executor.device
-        if self.executor.threads and cfg.training.num_workers == "auto" and cfg.training.device.startswith("cuda"):
-            # runs packed on one GPU host share its cores: data workers within the run's share
-            cfg.training.num_workers = max(0, min(2, self.executor.threads - 1))
         return cfg
 
     def _read_run_config(self, recipe: str, seed: int) -> ExperimentConfig:

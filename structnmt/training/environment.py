@@ -120,18 +120,22 @@ def tf32_matmuls(on: bool = True) -> Iterator[None]:
             matmul.allow_tf32 = before
 
 
-def data_workers(spec: int | str, device: torch.device, processes_here: int = 1) -> tuple[int, str]:
+def data_workers(spec: int | str, device: torch.device, processes_here: int = 1,
+                 threads: int = 0) -> tuple[int, str]:
     """``training.num_workers`` resolved, with the reason the log gives. ``auto``: on a GPU the host
     collating the next batch is the update's critical path (a small model's update is a few ms),
-    so two workers collate ahead where this process has at least three cores of its own (the
-    node's usable cores over its ``processes_here`` training processes); on a CPU 0, since
-    workers would take cores from the update itself."""
+    so two workers collate ahead where this process has at least three cores of its own: the
+    node's usable cores over its ``processes_here`` training processes, and no more than
+    ``training.threads`` where that is set (a study's executor sets it to each run's share when
+    it packs runs on one host). On a CPU 0, since workers would take cores from the update."""
     if spec != "auto":
         return int(spec), f"{spec}"
     if device.type != "cuda":
         return 0, "0 (auto: on a CPU the update needs the cores)"
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     own = cores // max(processes_here, 1)
+    if threads > 0:
+        own = min(own, threads)
     workers = max(0, min(2, own - 1))
     return workers, f"{workers} (auto: {own} core(s) for this process on a GPU)"
 

@@ -363,7 +363,8 @@ class Trainer:
         from structnmt.data.prefetch import BatchPrefetcher
 
         workers, reason = data_workers(self.t.num_workers, self.device,
-                                       int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if self.ctx.enabled else 1)
+                                       int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if self.ctx.enabled else 1,
+                                       self.t.threads)
         if workers or self.device.type == "cuda":
             log.message(f"training.num_workers: {reason}")
         if workers and type(self).collate is not Trainer.collate:
