@@ -38,14 +38,18 @@ ROOT = common.ROOT
 def worktree(commit: str, where: Path) -> Path:
     """A detached git worktree of ``commit`` under ``where`` (removed by :func:`drop_worktree`)."""
     path = where / f"wt_{commit[:12]}"
-    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(path), commit],
-                   check=True, capture_output=True, text=True)
+    made = subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(path), commit],
+                          capture_output=True, text=True)
+    if made.returncode != 0:
+        raise SystemExit(f"bench_commits: cannot check out {commit!r}: {made.stderr.strip()}")
     return path
 
 
 def drop_worktree(path: Path) -> None:
     subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(path)],
                    capture_output=True, text=True)
+    shutil.rmtree(path, ignore_errors=True)
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "prune"], capture_output=True, text=True)
 
 
 def train_block(code: Path, config: Path, dataset: Path, out_dir: Path, args: argparse.Namespace) -> float:
@@ -70,6 +74,9 @@ def train_block(code: Path, config: Path, dataset: Path, out_dir: Path, args: ar
     if result.returncode != 0:
         raise SystemExit(f"bench_commits: training from {code} failed ({result.returncode}):\n"
                          f"{result.output[-3000:]}")
+    ran = json.loads((out_dir / "run.json").read_text())["command"][0]
+    if not Path(ran).resolve().is_relative_to(code.resolve()):  # the other code base's package was imported
+        raise SystemExit(f"bench_commits: the block meant to run {code} ran {ran}")
     windows = [json.loads(line) for line in (out_dir / "log.jsonl").read_text().splitlines()
                if line.strip() and json.loads(line).get("kind") == "train"]
     speeds = [w["tgt_tokens_per_s"] for w in windows[1:]] or [w["tgt_tokens_per_s"] for w in windows]
@@ -104,10 +111,15 @@ def main() -> None:
         args.dataset = str(smoke_dataset)
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
                           text=True, check=True).stdout.strip()
-    old = worktree(against, scratch)
-    dataset = Path(args.dataset).resolve()
+    if subprocess.run(["git", "-C", str(ROOT), "status", "--porcelain", "--untracked-files=no"],
+                      capture_output=True, text=True).stdout.strip():
+        head += "+dirty"  # the new side runs the working tree, changes not committed included
+    dataset = Path(args.dataset) if Path(args.dataset).is_absolute() else ROOT / args.dataset
+    dataset = dataset.resolve()
     rows, report_rows = [], []
+    old = scratch / f"wt_{against[:12]}"
     try:
+        old = worktree(against, scratch)
         for recipe in args.recipes:
             configs = {}
             for label, code in (("old", old), ("new", ROOT)):
@@ -140,7 +152,7 @@ def main() -> None:
         ["recipe", f"{against} tok/s", f"{head} tok/s", "ratio (new / old)", "per-round range"], report_rows)
     settings = (f"{args.rounds} rounds of alternating blocks, {args.steps} updates a block, median of the "
                 f"{args.log_every}-update windows after the first; {args.precision}, {args.threads} thread(s), "
-                f"eager, dataset {dataset}")
+                f"eager, dataset {dataset}; each side trains its own commit's recipe file")
     machine = common.machine()
     path = common.write_report(args.name, f"Training speed: {head} against {against}",
                                [("Settings", settings), ("Results", table)], machine)

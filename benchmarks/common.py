@@ -227,9 +227,15 @@ def run_command(cmd: Sequence[str], cwd: Path | None = None, env: dict[str, str]
             killer.start()
         lines = []
         assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            sink.write(line)
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                sink.write(line)
+        except BaseException:  # stopped (Ctrl-C, SIGTERM as SystemExit): the command stops with us
+            proc.kill()
+            proc.wait()
+            done.set()
+            raise
         done.set()
         sampler.join()
         if killer is not None:  # before the reaping: a timer firing after it could hit a reused pid
