@@ -43,11 +43,15 @@ def test_bench_train_smoke(work):
 
 
 def test_bench_commits_smoke(work):
+    def worktrees() -> set[str]:
+        listed = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True)
+        return set(listed.stdout.splitlines())
+
+    before = worktrees()
     out = run("bench_commits.py", "--smoke", work / "task", tmp=work)
     assert "against HEAD: median target tokens/s ratio" in out
     assert (work / "results" / "bench_commits.md").is_file()
-    listed = subprocess.run(["git", "-C", str(ROOT), "worktree", "list"], capture_output=True, text=True).stdout
-    assert "bench_commits_" not in listed  # the scratch worktree is gone
+    assert worktrees() == before  # its scratch worktree is gone
 
 
 def test_bench_collate_smoke(work):
