@@ -175,6 +175,31 @@ def test_a_batch_the_workers_cannot_collate_raises_the_real_error_here(data_dir)
         list(prefetch.collated(stream, lambda: {"fields": FIELDS}))
 
 
+def _fail_in_worker(indices, options):
+    return None  # what _collate_in_worker returns when collation raised there
+
+
+def test_workers_that_fail_what_this_process_collates_are_stopped_and_said_so(data_dir, monkeypatch):
+    # a worker that cannot collate what the main process can (say, collation that touched CUDA in
+    # a forked worker) would otherwise have every batch collated twice, silently
+    import structnmt.data.prefetch as prefetch_module
+
+    monkeypatch.setattr(prefetch_module, "_collate_in_worker", _fail_in_worker)  # forked workers run this
+    data = ParallelDataset(data_dir, "train")
+    want = [collate(data, idx, FIELDS) for *_, idx in _stream(data, 1)]
+    here: list[int] = []
+
+    def collate_here(idx):
+        here.append(len(idx))
+        return collate(data, idx, FIELDS)
+
+    with BatchPrefetcher(data, 1, collate_here) as prefetch:
+        got = [b for *_, b in prefetch.collated(_stream(data, 1), lambda: {"fields": FIELDS})]
+        assert prefetch.pool is None and prefetch.note == prefetch_module.WORKERS_FAIL
+    assert len(got) == len(want) and all(_same(w, g) for w, g in zip(want, got))
+    assert len(here) == len(want)  # each batch collated once here, none twice
+
+
 def test_training_with_workers_gives_the_same_weights_and_resumes_exactly(data_dir, tmp_path):
     inline = make_trainer(tiny_cfg(tmp_path / "a", max_steps=8, accumulate=2), data_dir)
     inline.run()

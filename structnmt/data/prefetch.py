@@ -40,6 +40,10 @@ WORKER_TIMEOUT_S = 120.0
 
 _dataset: Any = None  # the worker's dataset (set once, by the pool's initializer)
 
+#: the log's note when a worker failed a batch that the main process then collated
+WORKERS_FAIL = ("data workers failed a batch that the main process collates: training batches are collated "
+                "in the main process from here on")
+
 
 def _start_worker(dataset: Any, parent: int, prctl: Any) -> None:
     global _dataset
@@ -98,9 +102,11 @@ class BatchPrefetcher:
                     break
                 opts = options()
                 ahead.append((item, opts, self._submit(item[3], opts)))
+            worker_failed = False
             if ahead:
                 item, opts, future = ahead.popleft()
                 batch = self._result(future)
+                worker_failed = batch is None and self.pool is not None  # it returned None: collation raised
                 if batch is not None and opts != options():  # the trainer's options moved on
                     batch = None
             else:
@@ -109,7 +115,9 @@ class BatchPrefetcher:
                     return
                 item, batch = next_item, None
             if batch is None:
-                batch = self.here(item[3])
+                batch = self.here(item[3])  # a data error is raised here, with its own message
+                if worker_failed:  # ...but this batch collates here: the workers are at fault, not the data
+                    self._failed(WORKERS_FAIL)
             yield item[0], item[1], item[2], batch
 
     def _submit(self, indices: np.ndarray, options: dict[str, Any]) -> Future[Batch | None]:
@@ -127,7 +135,7 @@ class BatchPrefetcher:
             self._failed()  # (shared memory full): collate here from now on
             return None
 
-    def _failed(self) -> Future[Batch | None]:
+    def _failed(self, why: str | None = None) -> Future[Batch | None]:
         if self.pool is not None:
             workers = list(getattr(self.pool, "_processes", None) or ())  # their pids
             self.pool.shutdown(wait=False, cancel_futures=True)
@@ -135,7 +143,7 @@ class BatchPrefetcher:
                 with contextlib.suppress(OSError):
                     os.kill(pid, signal.SIGKILL)
             self.pool = None
-            self.note = "data workers stopped: training batches are collated in the main process from here on"
+            self.note = why or "data workers stopped: training batches are collated in the main process from here on"
         done: Future[Batch | None] = Future()
         done.set_result(None)
         return done
