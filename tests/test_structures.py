@@ -229,12 +229,8 @@ def test_batched_tree_distances_equal_each_tree_on_its_own() -> None:
         tree_distances_batch([np.array([-1, 0]), np.array([1, 0])])
 
 
-@pytest.mark.parametrize("cells", [1 << 22, 50], ids=["one group", "a group a sentence"])
-def test_batched_scene_matrices_equal_each_sentence_on_its_own(cells: int, monkeypatch) -> None:
-    from structnmt.data import structures
+def test_batched_scene_matrices_equal_each_sentence_on_its_own() -> None:
     from structnmt.data.structures import scene_matrices_batch
-
-    monkeypatch.setattr(structures, "SCENE_CELLS", cells)
 
     rng = np.random.default_rng(11)
     sentences = []
