@@ -293,7 +293,6 @@ def scene_matrices(n_words: int, members: np.ndarray, parents: np.ndarray) -> tu
     return mask, dist.astype(np.float32)
 
 
-
 def scene_matrices_batch(n_words: Sequence[int], members: Sequence[np.ndarray],
                          parents: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
     """``scene_matrices`` of many sentences at once: ``scene_mask`` (B, W, W) bool and
@@ -310,7 +309,7 @@ def scene_matrices_batch(n_words: Sequence[int], members: Sequence[np.ndarray],
     per = np.fromiter((len(m) for m in pairs), dtype=np.int64, count=B)
     if per.sum():
         flat = np.concatenate(pairs)
-        owner = np.repeat(np.arange(B), per)
+        owner, _ = ragged_cells(per)
         bad = (flat < 0).any(axis=1) | (flat[:, 0] >= sizes[owner]) | (flat[:, 1] >= np.asarray(n_scenes)[owner])
         if bad.any():
             b = int(owner[bad.argmax()])

@@ -365,12 +365,12 @@ class Trainer:
         workers, reason = data_workers(self.t.num_workers, self.device,
                                        int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if self.ctx.enabled else 1,
                                        self.t.threads)
-        if workers or self.device.type == "cuda":
-            log.message(f"training.num_workers: {reason}")
         if workers and type(self).collate is not Trainer.collate:
             log.message(f"training.num_workers: {workers} ignored: {type(self).__name__} collates its own "
                         "batches (workers run the default collate)")
             workers = 0
+        elif workers or self.device.type == "cuda":
+            log.message(f"training.num_workers: {reason}")
 
         def here(indices: np.ndarray) -> Batch:
             return self.collate(self.train_set, indices, self.fields, pad=True)
