@@ -149,6 +149,22 @@ def test_unknown_recipes_and_bad_job_counts_are_refused_before_anything_runs(rec
         load_study(path)
 
 
+def test_one_run_by_hand_names_a_recipe_the_study_lacks_and_leaves_nothing(recipes, tmp_path, capsys):
+    # `python -m structnmt.study.runs` is how executors and pinned lanes start a run; a person may
+    # type it too: a wrong recipe, seed or file is one line and status 2, no traceback, no folder
+    from structnmt.study import runs
+
+    path = _study_file(tmp_path, recipes)
+    assert runs.main([str(path), "pasqual", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "no recipe 'pasqual': the study's recipes are vanilla" in err and str(path) in err
+    assert runs.main([str(path), "vanilla", "one"]) == 2
+    assert "usage:" in capsys.readouterr().err
+    assert runs.main([str(tmp_path / "absent.yaml"), "vanilla", "1"]) == 2
+    assert "absent.yaml" in capsys.readouterr().err
+    assert not (tmp_path / "tiny" / "runs").exists() and not (tmp_path / "tiny" / "records").exists()
+
+
 def test_runs_are_ordered_seed_by_seed_with_the_baseline_first(recipes, tmp_path):
     study = load_study(_study_file(tmp_path, {"pascal": recipes["pascal"], "vanilla": recipes["vanilla"]}))
     assert study.runs() == [("vanilla", 1), ("pascal", 1), ("vanilla", 2), ("pascal", 2)]

@@ -545,7 +545,16 @@ def main(argv: list[str] | None = None) -> int:
     from structnmt.study.spec import load_study
 
     args = sys.argv[1:] if argv is None else argv
-    study = load_study(args[0])
+    usage = "usage: python -m structnmt.study.runs STUDY.yaml RECIPE SEED [THREADS]"
+    if len(args) not in (3, 4) or not all(a.isdigit() for a in args[2:]):
+        print(usage, file=sys.stderr)
+        return 2
+    try:
+        study = load_study(args[0])
+        study.recipe(args[1])  # a name the study does not have is an error here, not a traceback
+    except StructNMTError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     if len(args) > 3:  # threads for this run, chosen by the executor (not part of the digest)
         study.executor.threads = int(args[3])
     from structnmt.study.provenance import select_gpu

@@ -178,7 +178,11 @@ class Study(StudyFile):
     work_dir: Path = Path(".")  # type: ignore[assignment]  # the file's, or runs/study_<name>
 
     def recipe(self, name: str) -> Recipe:
-        return next(r for r in self.recipes if r.name == name)
+        for r in self.recipes:
+            if r.name == name:
+                return r
+        raise ConfigError(f"no recipe {name!r}: the study's recipes are {', '.join(r.name for r in self.recipes)}",
+                          "recipes", self.path)
 
     def with_baseline(self, name: str) -> Study:
         """The same study compared against another of its recipes (a control against the
