@@ -7,46 +7,78 @@
 #   setsid nohup bash studies/pinned_lane.sh 5bdd5b6 studies/multi30k_en_de_converged.yaml \
 #       transformer:5 local_window_both:5 > /dev/null 2>&1 < /dev/null &    # two lanes for two cores
 #
-# The worktree (../structnmt-COMMIT, or $PINNED_DIR) shares this checkout's ignored runs/, data/
-# and parsers/ by links. Each run trains on one thread (THREADS), niced (NICE), with its output
-# appended to runs/logs/RECIPE_sSEED.log; each finished record is moved from the worktree into
-# this checkout's studies/pending/<study>/<recipe>/seed<N>, to be taken into the study once its
-# seed is whole (studies/pending/README.md). Stop a lane with `pkill -f studies/pinned_lane.sh`,
-# then `pkill -TERM -f structnmt.study.runs` (the runs checkpoint and exit).
+# STUDY.yaml is a path from the repository's root, as the pinned commit has it. The worktree
+# (../structnmt-COMMIT, or $PINNED_DIR) shares this checkout's ignored runs/, data/ and parsers/ by
+# links. Each run trains on one thread (THREADS), niced (NICE); what it prints goes to
+# runs/logs/STUDY/RECIPE_sSEED.log, what the lane does to runs/logs/lane_PID.log. A finished
+# record moves from the worktree into this checkout's studies/pending/STUDY/RECIPE/seedN, to be
+# taken into the study once its seed is whole (studies/pending/README.md). Stop one lane with
+# `kill -TERM -- -PID` (PID in runs/logs/lane_PID.pid; its run checkpoints and the lane ends).
 set -uo pipefail
 if [ $# -lt 3 ]; then
-  sed -n 2,15p "$0" | sed 's/^# \{0,1\}//'
+  sed -n 2,16p "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 main=$(cd "$(dirname "$0")/.." && pwd)
-commit=$(git -C "$main" rev-parse --short "$1") || { echo "error: no commit $1" >&2; exit 2; }
+commit=$(git -C "$main" rev-parse --verify --quiet "$1^{commit}") || { echo "error: $1 is not a commit" >&2; exit 2; }
+short=${commit:0:12}
 study=$2; shift 2
-dir=${PINNED_DIR:-$main/../structnmt-$commit}
-if [ ! -d "$dir" ]; then
-  git -C "$main" worktree add --detach "$dir" "$commit" || exit 1
+case $study in
+  /*|../*|*/../*) echo "error: give the study file from the repository's root (studies/NAME.yaml), not $study" >&2
+                  exit 2 ;;
+esac
+git -C "$main" cat-file -e "$commit:$study" 2>/dev/null \
+  || { echo "error: commit $short has no $study (a path from the repository's root)" >&2; exit 2; }
+dir=${PINNED_DIR:-$main/../structnmt-$short}
+mkdir -p "$main/runs/logs"
+log="$main/runs/logs/lane_$$.log"
+echo $$ > "$main/runs/logs/lane_$$.pid"
+say() { echo "== $(date -u +%FT%TZ) $*" >> "$log"; }
+
+# one lane creates the worktree while the others wait; each checks it is a clean checkout of the commit
+exec 9> "$main/runs/.pinned_lane.lock"
+flock 9
+if [ ! -e "$dir" ]; then
+  git -C "$main" worktree add --detach "$dir" "$commit" >> "$log" 2>&1 || { say "cannot add a worktree at $dir"; exit 1; }
 fi
 for shared in runs data parsers; do
   mkdir -p "$main/$shared"
-  [ -e "$dir/$shared" ] || ln -s "$main/$shared" "$dir/$shared"
+  [ -L "$dir/$shared" ] || [ -e "$dir/$shared" ] || ln -s "$main/$shared" "$dir/$shared"
 done
-mkdir -p "$main/runs/logs"
+flock -u 9
+if [ "$(git -C "$dir" rev-parse HEAD 2>/dev/null)" != "$commit" ] \
+   || [ -n "$(git -C "$dir" status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+  say "$dir is not a clean checkout of $short: stopping (remove it, or name another with PINNED_DIR)"
+  exit 2
+fi
 cd "$dir" || exit 1
+name=$(basename "${study%.yaml}")
+mkdir -p "$main/runs/logs/$name"
 for item in "$@"; do
   recipe=${item%%:*}; seed=${item##*:}
-  record=$(python -c "import sys; from structnmt.study.spec import load_study
-print(load_study(sys.argv[1]).record_dir(sys.argv[2], int(sys.argv[3])))" "$study" "$recipe" "$seed") || continue
-  held="$main/studies/pending/$(basename "$(dirname "$(dirname "$record")")")/$recipe/seed$seed"
-  if [ -f "$held/record.json" ] || [ -f "$main/$record/record.json" ]; then
-    echo "== $recipe seed $seed: recorded already" >> "$main/runs/logs/lane_$$.log"
+  if [ "$recipe" = "$item" ] || ! [[ $seed =~ ^[0-9]+$ ]]; then
+    say "$item: not RECIPE:SEED, skipped"
     continue
   fi
-  echo "== $(date -u +%FT%TZ) $recipe seed $seed at $commit in $dir" >> "$main/runs/logs/lane_$$.log"
-  OMP_NUM_THREADS=${THREADS:-1} MKL_NUM_THREADS=${THREADS:-1} nice -n "${NICE:-5}" \
-    python -m structnmt.study.runs "$study" "$recipe" "$seed" "${THREADS:-1}" \
-    >> "$main/runs/logs/${recipe}_s${seed}.log" 2>&1
-  code=$?
-  echo "== $(date -u +%FT%TZ) $recipe seed $seed exit $code" >> "$main/runs/logs/lane_$$.log"
-  if [ "$code" -eq 0 ] && [ -f "$record/record.json" ]; then
-    mkdir -p "$(dirname "$held")" && mv "$record" "$held" && echo "held: $held" >> "$main/runs/logs/lane_$$.log"
+  record=$(python -c "import sys; from structnmt.study.spec import load_study
+s = load_study(sys.argv[1]); s.recipes[[r.name for r in s.recipes].index(sys.argv[2])]
+print(s.record_dir(sys.argv[2], int(sys.argv[3])))" "$study" "$recipe" "$seed" 2>> "$log") \
+    || { say "$item: $study at $short has no such recipe, or cannot be read (above), skipped"; continue; }
+  held="$main/studies/pending/$(basename "$(dirname "$(dirname "$record")")")/$recipe/seed$seed"
+  if [ -f "$held/record.json" ] || [ -f "$main/$record/record.json" ]; then
+    say "$item: recorded already"
+    continue
+  fi
+  if [ ! -f "$record/record.json" ]; then
+    say "$item at $short in $dir"
+    OMP_NUM_THREADS=${THREADS:-1} MKL_NUM_THREADS=${THREADS:-1} nice -n "${NICE:-5}" \
+      python -m structnmt.study.runs "$study" "$recipe" "$seed" "${THREADS:-1}" \
+      >> "$main/runs/logs/$name/${recipe}_s${seed}.log" 2>&1
+    code=$?
+    say "$item: exit $code"
+    [ "$code" -eq 75 ] && { say "the run was stopped by a signal: the lane stops too"; exit 75; }
+  fi
+  if [ -f "$record/record.json" ]; then  # written whole (a rename), so whole here
+    mkdir -p "$(dirname "$held")" && mv -T "$record" "$held" && say "$item: held in $held"
   fi
 done

@@ -218,7 +218,7 @@ def run_local(study: Study, runs: list[tuple[str, int]], jobs: int,
             finally:
                 running.discard(process)
         status = EXIT_TO_STATUS.get(code, FAILED_STATUS)
-        if status == FAILED_STATUS and code != 1:  # killed by a signal or crashed without a record
+        if status == FAILED_STATUS and code != 1:  # killed, crashed or refused (2) without a record
             write_failure(study, recipe, seed, f"the run process ended with status {code}", log)
         results[run] = status
         report(recipe, seed, status)

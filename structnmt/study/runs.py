@@ -546,7 +546,7 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     usage = "usage: python -m structnmt.study.runs STUDY.yaml RECIPE SEED [THREADS]"
-    if len(args) not in (3, 4) or not all(a.isdigit() for a in args[2:]):
+    if len(args) not in (3, 4) or not all(a.isdecimal() and a.isascii() for a in args[2:]):
         print(usage, file=sys.stderr)
         return 2
     try:
