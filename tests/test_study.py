@@ -165,6 +165,24 @@ def test_one_run_by_hand_names_a_recipe_the_study_lacks_and_leaves_nothing(recip
     assert not (tmp_path / "tiny" / "runs").exists() and not (tmp_path / "tiny" / "records").exists()
 
 
+@pytest.mark.skipif(shutil.which("git") is None or not (ROOT / ".git").exists(), reason="needs the git checkout")
+@pytest.mark.parametrize("args, said", [
+    ([], "Runs of a study, one after another"),
+    (["no-such-commit", "studies/multi30k_en_de.yaml", "vanilla:1"], "is not a commit"),
+    (["HEAD", str(ROOT / "studies" / "multi30k_en_de.yaml"), "vanilla:1"], "from the repository's root"),
+    (["HEAD", "studies/../studies/multi30k_en_de.yaml", "vanilla:1"], "from the repository's root"),
+    (["HEAD", "studies/absent.yaml", "vanilla:1"], "has no studies/absent.yaml"),
+])
+def test_a_pinned_lane_refuses_what_it_cannot_pin_before_it_makes_a_worktree(args, said, tmp_path):
+    # studies/pinned_lane.sh makes a worktree and trains in it: a wrong commit or study path must
+    # stop it at once with one line, not leave a worktree or lanes that skip every run in silence
+    env = {**os.environ, "PINNED_DIR": str(tmp_path / "worktree")}
+    done = subprocess.run(["bash", str(ROOT / "studies" / "pinned_lane.sh"), *args], capture_output=True, text=True,
+                          env=env, timeout=60)
+    assert done.returncode == 2 and said in done.stdout + done.stderr
+    assert not (tmp_path / "worktree").exists()
+
+
 def test_runs_are_ordered_seed_by_seed_with_the_baseline_first(recipes, tmp_path):
     study = load_study(_study_file(tmp_path, {"pascal": recipes["pascal"], "vanilla": recipes["vanilla"]}))
     assert study.runs() == [("vanilla", 1), ("pascal", 1), ("vanilla", 2), ("pascal", 2)]
