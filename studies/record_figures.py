@@ -4,8 +4,9 @@
 
 The report (``structnmt study STUDY --report``) gives scores, gaps, p-values and provenance. A
 write-up also says how long runs took, where validation loss bottomed out, which update the
-best-validation rule picked, and how far each run's own long-dependency subset is from the fixed
-one: this prints those, from the committed records alone (plus the prepared dataset's source
+best-validation rule picked, each recipe against the baseline's run of the same seed (the same
+machine kind and commit where the seed ran whole on one), and how far each run's own
+long-dependency subset is from the fixed one: this prints those, from the committed records alone (plus the prepared dataset's source
 sentences for the fixed subsets, where they are on this machine), so that each such figure has
 a command beside it. ``--also`` adds record folders held outside the study's (e.g.
 ``studies/pending/multi30k_en_de_converged``), marked as held.
@@ -90,6 +91,34 @@ def validation(records: list[tuple[str, int, dict[str, Any], bool]], late: int) 
     return lines
 
 
+def same_seed(study, records: list[tuple[str, int, dict[str, Any], bool]]) -> list[str]:
+    """Each recipe minus the baseline's run of the same seed, per whole test set: a seed's runs
+    share the seed's data order and initialisation, and, where the seed ran whole on one machine,
+    its machine kind, so these gaps are not confounded with machine across seeds as pooled means are."""
+    by: dict[str, dict[int, dict]] = {}
+    for recipe, seed, record, _ in records:
+        by.setdefault(recipe, {})[seed] = record
+    base = by.get(study.baseline, {})
+    sets = [s for s in study.test_sets if any(s in r["scores"] for runs in by.values() for r in runs.values())]
+    lines = ["## Same seed", "", f"BLEU minus `{study.baseline}`'s run of the same seed, per test set "
+             f"({' / '.join(sets)}); the mean over the seeds both have, and in how many of them the recipe "
+             "is above.", "", "| recipe | per seed | mean | seeds above |", "|---|---|---|---|"]
+    for recipe, runs in by.items():
+        if recipe == study.baseline:
+            continue
+        shared = sorted(set(runs) & set(base))
+        if not shared:
+            continue
+        gaps = {s: [runs[seed]["scores"][s]["bleu"] - base[seed]["scores"][s]["bleu"] for seed in shared]
+                for s in sets}
+        per_seed = ", ".join(f"s{seed}: " + " / ".join(f"{gaps[s][i]:+.2f}" for s in sets)
+                             for i, seed in enumerate(shared))
+        mean = " / ".join(f"{sum(gaps[s]) / len(shared):+.2f}" for s in sets)
+        above = " / ".join(f"{sum(g > 0 for g in gaps[s])} of {len(shared)}" for s in sets)
+        lines.append(f"| {recipe} | {per_seed} | {mean} | {above} |")
+    return lines
+
+
 def subsets(study, records: list[tuple[str, int, dict[str, Any], bool]]) -> list[str]:
     from structnmt.study.report import long_dependency_subsets
 
@@ -131,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print(f"no records under {', '.join(str(f) for f, _ in folders)}", file=sys.stderr)
         return 1
-    print("\n".join(runs_table(records) + [""] + validation(records, args.late) + [""] + subsets(study, records)))
+    print("\n".join(runs_table(records) + [""] + validation(records, args.late) + [""] + same_seed(study, records)
+                    + [""] + subsets(study, records)))
     return 0
 
 
