@@ -6,9 +6,9 @@ The report (``structnmt study STUDY --report``) gives scores, gaps, p-values and
 write-up also says how long runs took, where validation loss bottomed out, which update the
 best-validation rule picked, each recipe against the baseline's run of the same seed (the same
 machine kind and commit where the seed ran whole on one), and how far each run's own
-long-dependency subset is from the fixed one: this prints those, from the committed records alone (plus the prepared dataset's source
-sentences for the fixed subsets, where they are on this machine), so that each such figure has
-a command beside it. ``--also`` adds record folders held outside the study's (e.g.
+long-dependency subset is from the fixed one: this prints those, from the committed records
+alone (plus the prepared dataset's source sentences for the fixed subsets, where they are on
+this machine), so that each such figure has a command beside it. ``--also`` adds record folders held outside the study's (e.g.
 ``studies/pending/multi30k_en_de_converged``), marked as held.
 """
 
