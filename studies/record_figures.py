@@ -8,8 +8,9 @@ best-validation rule picked, each recipe against the baseline's run of the same 
 machine kind and commit where the seed ran whole on one), and how far each run's own
 long-dependency subset is from the fixed one: this prints those, from the committed records
 alone (plus the prepared dataset's source sentences for the fixed subsets, where they are on
-this machine), so that each such figure has a command beside it. ``--also`` adds record folders held outside the study's (e.g.
-``studies/pending/multi30k_en_de_converged``), marked as held.
+this machine), so that each such figure has a command beside it. ``--also`` adds record
+folders held outside the study's (e.g. ``studies/pending/multi30k_en_de_converged``), marked
+as held.
 """
 
 from __future__ import annotations
