@@ -61,7 +61,7 @@ for item in "$@"; do
     continue
   fi
   record=$(python -c "import sys; from structnmt.study.spec import load_study
-s = load_study(sys.argv[1]); s.recipes[[r.name for r in s.recipes].index(sys.argv[2])]
+s = load_study(sys.argv[1]); s.recipe(sys.argv[2])  # raises (any commit) for a recipe it lacks
 print(s.record_dir(sys.argv[2], int(sys.argv[3])))" "$study" "$recipe" "$seed" 2>> "$log") \
     || { say "$item: $study at $short has no such recipe, or cannot be read (above), skipped"; continue; }
   held="$main/studies/pending/$(basename "$(dirname "$(dirname "$record")")")/$recipe/seed$seed"

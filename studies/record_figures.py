@@ -43,6 +43,14 @@ def machine(record: dict[str, Any]) -> str:
     return f"{cpu} + {record['gpu']}" if record.get("gpu") else cpu
 
 
+def by_recipe(records: list[tuple[str, int, dict[str, Any], bool]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """recipe -> seed -> record."""
+    by: dict[str, dict[int, dict[str, Any]]] = {}
+    for recipe, seed, record, _ in records:
+        by.setdefault(recipe, {})[seed] = record
+    return by
+
+
 def runs_table(records: list[tuple[str, int, dict[str, Any], bool]]) -> list[str]:
     lines = ["## Runs", "", "| seed | recipe | machine | threads | precision | train min | resumed at | "
              "best val BLEU (update) | finished |", "|---:|---|---|---:|---|---:|---|---|---|"]
@@ -96,9 +104,7 @@ def same_seed(study, records: list[tuple[str, int, dict[str, Any], bool]]) -> li
     """Each recipe minus the baseline's run of the same seed, per whole test set: a seed's runs
     share the seed's data order and initialisation, and, where the seed ran whole on one machine,
     its machine kind, so these gaps are not confounded with machine across seeds as pooled means are."""
-    by: dict[str, dict[int, dict]] = {}
-    for recipe, seed, record, _ in records:
-        by.setdefault(recipe, {})[seed] = record
+    by = by_recipe(records)
     base = by.get(study.baseline, {})
     sets = [s for s in study.test_sets if any(s in r["scores"] for runs in by.values() for r in runs.values())]
     lines = ["## Same seed", "", f"BLEU minus `{study.baseline}`'s run of the same seed, per test set "
@@ -123,9 +129,7 @@ def same_seed(study, records: list[tuple[str, int, dict[str, Any], bool]]) -> li
 def subsets(study, records: list[tuple[str, int, dict[str, Any], bool]]) -> list[str]:
     from structnmt.study.report import long_dependency_subsets
 
-    by: dict[str, dict[int, dict]] = {}
-    for recipe, seed, record, _ in records:
-        by.setdefault(recipe, {})[seed] = record
+    by = by_recipe(records)
     fixed = long_dependency_subsets(study, by)
     lines = ["## Long-dependency subsets", ""]
     if fixed.get("note"):
