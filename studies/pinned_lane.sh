@@ -12,11 +12,13 @@
 # links. Each run trains on one thread (THREADS), niced (NICE); what it prints goes to
 # runs/logs/STUDY/RECIPE_sSEED.log, what the lane does to runs/logs/lane_PID.log. A finished
 # record moves from the worktree into this checkout's studies/pending/STUDY/RECIPE/seedN, to be
-# taken into the study once its seed is whole (studies/pending/README.md). Stop one lane with
+# taken into the study once its seed is whole (studies/pending/README.md). A run whose seed has
+# records from another kind of machine or precision is not started (structnmt.study.same_machine;
+# ALLOW_OTHER_MACHINE=1 starts it all the same). Stop one lane with
 # `kill -TERM -- -PID` (PID in runs/logs/lane_PID.pid; its run checkpoints and the lane ends).
 set -uo pipefail
 if [ $# -lt 3 ]; then
-  sed -n 2,16p "$0" | sed 's/^# \{0,1\}//'
+  sed -n 2,18p "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 main=$(cd "$(dirname "$0")/.." && pwd)
@@ -52,6 +54,9 @@ if [ "$(git -C "$dir" rev-parse HEAD 2>/dev/null)" != "$commit" ] \
   exit 2
 fi
 cd "$dir" || exit 1
+# TERM (kill -TERM -- -PID) reaches the run, which checkpoints and exits 75; the lane waits for it
+# and stops, saying so, instead of dying before the run has saved
+trap 'say "signal received: the lane stops after its run has saved"' TERM
 name=$(basename "${study%.yaml}")
 mkdir -p "$main/runs/logs/$name"
 for item in "$@"; do
@@ -68,6 +73,17 @@ print(s.record_dir(sys.argv[2], int(sys.argv[3])))" "$study" "$recipe" "$seed" 2
   if [ -f "$held/record.json" ] || [ -f "$main/$record/record.json" ]; then
     say "$item: recorded already"
     continue
+  fi
+  if [ ! -f "$record/record.json" ] && [ "${ALLOW_OTHER_MACHINE:-0}" != 1 ]; then
+    # a seed's runs train on one kind of machine, in one precision: a lane on another kind stops
+    # here (ALLOW_OTHER_MACHINE=1 trains all the same; the report then warns that the seed mixes)
+    said=$(cd "$main" && python -m structnmt.study.same_machine "$study" "$recipe" "$seed" "$main/studies/pending" 2>&1)
+    code=$?
+    if [ "$code" -ne 0 ]; then
+      say "$item: not started: $said"
+      [ "$code" -eq 1 ] && continue
+      exit 2
+    fi
   fi
   if [ ! -f "$record/record.json" ]; then
     say "$item at $short in $dir"

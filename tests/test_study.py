@@ -183,6 +183,35 @@ def test_a_pinned_lane_refuses_what_it_cannot_pin_before_it_makes_a_worktree(arg
     assert not (tmp_path / "worktree").exists()
 
 
+def test_a_lane_is_told_when_its_seed_trained_on_another_kind_of_machine(recipes, tmp_path):
+    # seed 5 of the converged study began on an AVX-512 CPU in bf16; a lane on an AVX2 CPU (fp32
+    # there) must hear so before it spends hours, held-back records counted
+    from structnmt.study.same_machine import main, other_kinds, precision_here, seed_records
+
+    path = _study_file(tmp_path, {"vanilla": recipes["vanilla"], "pascal": recipes["pascal"]}, seeds=(1, 5))
+    study = load_study(path)
+
+    def record(isa: str, precision: str) -> dict:
+        return {"cpu": "AMD EPYC", "cpu_info": {"isa": isa}, "precision": precision, "calls": []}
+
+    recorded = Path(study.records) / "vanilla" / "seed5"
+    held = tmp_path / "pending" / Path(study.records).name / "pascal" / "seed5"
+    for folder, isa in ((recorded, "AVX512"), (held, "AVX2")):
+        folder.mkdir(parents=True)
+        (folder / "record.json").write_text(json.dumps(record(isa, "bfloat16")))
+    assert set(seed_records(path, 5)) == {"vanilla"}
+    found = seed_records(path, 5, tmp_path / "pending")
+    assert set(found) == {"vanilla", "pascal"} and seed_records(path, 1, tmp_path / "pending") == {}
+    assert other_kinds(found, "AMD EPYC (AVX512)") == {"AMD EPYC (AVX2)": ["pascal"]}
+    assert other_kinds(found, "AMD EPYC (AVX512)", "float32") == {
+        "AMD EPYC (AVX2)": ["pascal"], "bfloat16, not float32": ["vanilla", "pascal"]}
+    assert other_kinds({"vanilla": found["vanilla"]}, "AMD EPYC (AVX512)", "bfloat16") == {}
+    assert precision_here(path, "vanilla", 5) in ("float32", "bfloat16")
+    assert main([str(path), "vanilla", "5", str(tmp_path / "pending")]) == 1  # two kinds: one is not this one
+    assert main([str(path), "vanilla", "1"]) == 0  # nothing recorded yet
+    assert main([str(path), "nobody", "1"]) == 2 and main([str(path), "vanilla", "one"]) == 2
+
+
 def test_runs_are_ordered_seed_by_seed_with_the_baseline_first(recipes, tmp_path):
     study = load_study(_study_file(tmp_path, {"pascal": recipes["pascal"], "vanilla": recipes["vanilla"]}))
     assert study.runs() == [("vanilla", 1), ("pascal", 1), ("vanilla", 2), ("pascal", 2)]

@@ -1,0 +1,99 @@
+"""Whether this machine is of the kind a seed's runs already trained on.
+
+A seed's runs are compared recipe against recipe, so they should all train on one kind of
+machine (a CPU model with its instruction set) in one precision (``auto`` picks bf16 where the
+CPU multiplies it natively, fp32 elsewhere: two CPUs of one model name can differ). The report
+warns after the fact when a seed pools kinds; this check lets a lane of CPU runs
+(``studies/pinned_lane.sh``) refuse before it spends hours on RECIPE's run of SEED:
+
+    python -m structnmt.study.same_machine STUDY.yaml RECIPE SEED [HELD_DIR]
+
+It reads the seed's records in the study's records folder and, with ``HELD_DIR`` (the
+``studies/pending`` of a seed-major study), those held back. Exit 0 when every one trained on
+this machine's kind in the precision RECIPE would train in here (or there is none yet), 1 naming
+what differs otherwise, 2 on a bad argument.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from structnmt.study.report import _cpu, _machine_kinds
+from structnmt.study.spec import load_study
+
+
+def kind_here() -> str:
+    """This machine's kind for a CPU run, named as the report names a record's."""
+    from structnmt.study.provenance import cpu_info
+    from structnmt.study.runs import _cpu_name
+
+    return _cpu({"cpu": _cpu_name(), "cpu_info": cpu_info()})
+
+
+def seed_records(study_file: str | Path, seed: int, held: Path | None = None) -> dict[str, dict[str, Any]]:
+    """The seed's records by recipe: the study's, then those held back in ``held`` (same layout,
+    ``held/<records folder name>/<recipe>/seed<N>``) for recipes the study has not recorded."""
+    study = load_study(study_file)
+    found: dict[str, dict[str, Any]] = {}
+    roots = [Path(study.records)] + ([Path(held) / Path(study.records).name] if held is not None else [])
+    for root in roots:
+        for path in sorted(root.glob(f"*/seed{seed}/record.json")):
+            recipe = path.parent.parent.name
+            if recipe not in found:
+                try:
+                    found[recipe] = json.loads(path.read_text(encoding="utf-8"))
+                except (OSError, ValueError) as err:
+                    raise SystemExit(f"error: {path}: not a readable record ({err})") from err
+    return found
+
+
+def precision_here(study_file: str | Path, recipe: str, seed: int) -> str:
+    """The precision the run would train in on this machine's CPU, named as records name it."""
+    import torch
+
+    from structnmt.training.environment import choose_precision
+
+    cfg = load_study(study_file).run_config(recipe, seed)
+    return choose_precision(cfg.training.precision, torch.device("cpu"), cfg.model.d_model).name
+
+
+def other_kinds(records: dict[str, dict[str, Any]], here: str, precision: str | None = None) -> dict[str, list[str]]:
+    """{kind: recipes} for the records that trained (in any call) on another kind than ``here``,
+    or, given ``precision``, in another precision (the kind then names it)."""
+    other: dict[str, list[str]] = {}
+    for recipe, record in records.items():
+        for kind in _machine_kinds(record):
+            if kind != here:
+                other.setdefault(kind, []).append(recipe)
+        if precision is not None and record.get("precision") not in (None, precision):
+            other.setdefault(f"{record['precision']}, not {precision}", []).append(recipe)
+    return other
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) not in (3, 4) or not args[2].isdigit():
+        print(__doc__.split("\n\n")[2].strip(), file=sys.stderr)
+        return 2
+    study, recipe, seed = args[0], args[1], int(args[2])
+    here = kind_here()
+    try:
+        precision = precision_here(study, recipe, seed)
+        records = seed_records(study, seed, Path(args[3]) if len(args) == 4 else None)
+    except Exception as err:  # an unreadable study file, an unknown recipe: one line
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    other = other_kinds(records, here, precision)
+    if not other:
+        print(f"seed {seed}: {len(records)} record(s), all on {here} in {precision} (this machine)")
+        return 0
+    named = "; ".join(f"{kind}: {', '.join(recipes)}" for kind, recipes in other.items())
+    print(f"seed {seed} trained on another kind of machine than this one ({here}, {recipe} in {precision}): {named}")
+    return 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
