@@ -21,6 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from structnmt.study import precision_here
 from structnmt.study.report import _cpu, _machine_kinds
 from structnmt.study.spec import load_study
 
@@ -50,16 +51,6 @@ def seed_records(study_file: str | Path, seed: int, held: Path | None = None) ->
     return found
 
 
-def precision_here(study_file: str | Path, recipe: str, seed: int) -> str:
-    """The precision the run would train in on this machine's CPU, named as records name it."""
-    import torch
-
-    from structnmt.training.environment import choose_precision
-
-    cfg = load_study(study_file).run_config(recipe, seed)
-    return choose_precision(cfg.training.precision, torch.device("cpu"), cfg.model.d_model).name
-
-
 def other_kinds(records: dict[str, dict[str, Any]], here: str, precision: str | None = None) -> dict[str, list[str]]:
     """{kind: recipes} for the records that trained (in any call) on another kind than ``here``,
     or, given ``precision``, in another precision (the kind then names it)."""
@@ -81,14 +72,17 @@ def main(argv: list[str] | None = None) -> int:
     study, recipe, seed = args[0], args[1], int(args[2])
     here = kind_here()
     try:
-        precision = precision_here(study, recipe, seed)
+        spec = load_study(study)
+        spec.recipe(recipe)  # an unknown recipe is refused, not checked
+        precision = precision_here(spec, recipe, seed)  # None: not known here
         records = seed_records(study, seed, Path(args[3]) if len(args) == 4 else None)
     except Exception as err:  # an unreadable study file, an unknown recipe: one line
         print(f"error: {err}", file=sys.stderr)
         return 2
     other = other_kinds(records, here, precision)
     if not other:
-        print(f"seed {seed}: {len(records)} record(s), all on {here} in {precision} (this machine)")
+        print(f"seed {seed}: {len(records)} record(s), all on {here}"
+              + (f", none in another precision than {precision}" if precision else ""))
         return 0
     named = "; ".join(f"{kind}: {', '.join(recipes)}" for kind, recipes in other.items())
     print(f"seed {seed} trained on another kind of machine than this one ({here}, {recipe} in {precision}): {named}")
