@@ -32,6 +32,15 @@ def lines_digest(lines: list[str]) -> str:
     return digest.hexdigest()
 
 
+def cpu_name() -> str:
+    """The CPU's model name, as the kernel reports it (a record's ``cpu``)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def cpu_info() -> dict[str, Any]:
     """CPU model, the instruction set torch dispatches to, and the SIMD flags the kernel reports."""
     import torch

@@ -554,7 +554,7 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
               f"structnmt study {study.path}            # runs what is missing, then writes this report",
               f"structnmt study {study.path} --status   # where every run stands",
               f"structnmt study {study.path} {report_flags}   # this report from the records", "```", ""]
-    machines = sorted({f"{_cpu(r)}, {r.get('device')}, {r.get('precision')}, {_threads(r)} thread(s)"
+    machines = sorted({f"{cpu_kind(r)}, {r.get('device')}, {r.get('precision')}, {_threads(r)} thread(s)"
                        for r in all_records})
     if machines:
         lines += ["Where the runs trained: " + "; ".join(machines) + ".", ""]
@@ -658,7 +658,7 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
     return "\n".join(lines)
 
 
-def _cpu(record: dict) -> str:
+def cpu_kind(record: dict) -> str:
     """The CPU with its instruction set where the record keeps it: machines of one model name
     differ in it (AVX-512 with bf16 or AVX2 alone), and with it in speed and precision."""
     isa = (record.get("cpu_info") or {}).get("isa")
@@ -690,19 +690,19 @@ def _threads(record: dict[str, Any]) -> str:
     return str(threads) if isinstance(threads, int) and threads > 0 else "?"
 
 
-def _machine_kinds(record: dict[str, Any]) -> list[str]:
+def machine_kinds(record: dict[str, Any]) -> list[str]:
     """The kinds of machine a run trained on: the record's CPU (with its instruction set) and GPU,
     and any other a call of a resumed run names."""
     def kind(cpu: str, gpu: Any) -> str:
         return f"{cpu} + {gpu}" if gpu else cpu
 
-    kinds = [kind(_cpu(record), record.get("gpu"))]
+    kinds = [kind(cpu_kind(record), record.get("gpu"))]
     for call in record.get("calls") or []:
         if not isinstance(call, dict):
             continue
         other_cpu = call.get("cpu") and call["cpu"] != record.get("cpu")
         if other_cpu or (call.get("gpu") and call.get("gpu") != record.get("gpu")):
-            kinds.append(kind(call.get("cpu") if other_cpu else _cpu(record), call.get("gpu")))
+            kinds.append(kind(call.get("cpu") if other_cpu else cpu_kind(record), call.get("gpu")))
     return list(dict.fromkeys(kinds))
 
 
@@ -804,7 +804,7 @@ def provenance_warnings(study: Study, records: dict[str, dict[int, dict]],
         commits: dict[str, list[str]] = {}
         for recipe, by_seed in records.items():
             if seed in by_seed:
-                for kind in _machine_kinds(by_seed[seed]):
+                for kind in machine_kinds(by_seed[seed]):
                     kinds.setdefault(kind, []).append(recipe)
                 for commit in _commits(by_seed[seed]):
                     commits.setdefault(commit, []).append(recipe)
@@ -851,7 +851,7 @@ def provenance_lines(study: Study, records: dict[str, dict[int, dict]],
                 continue
             r = by_seed[seed]
             gpu = cell(r.get("gpu"), "none") if "gpu" in r else "-"
-            lines.append(f"| {seed} | {recipe} | {'; '.join(_machine_kinds(r))} | {cell(r.get('cores'))} | "
+            lines.append(f"| {seed} | {recipe} | {'; '.join(machine_kinds(r))} | {cell(r.get('cores'))} | "
                          f"{cell(r.get('memory_gib'))} | {gpu} | {r.get('precision')} | {_threads(r)} | "
                          f"{', '.join(_commits(r))} | {trees.get((recipe, seed), {}).get('cell', '-')} |")
     return [*lines, ""]

@@ -19,7 +19,6 @@ import contextlib
 import hashlib
 import json
 import os
-import platform
 import shutil
 import socket
 import sys
@@ -35,6 +34,7 @@ from structnmt.io import atomic_write_text
 from structnmt.study.provenance import (
     corpora_digests,
     cpu_info,
+    cpu_name,
     git_commit,
     lines_digest,
     machine,
@@ -382,14 +382,6 @@ def remove_stale_temporaries(study: Study, recipe: str, seed: int) -> None:
 # one run
 
 
-def _cpu_name() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
-
-
 def _torch_threads() -> int:
     import torch
 
@@ -490,7 +482,7 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
         "reads_trees": trees, "dataset": identity,
         "updates": summary["step"], "epochs": summary["epoch"], "status": summary["status"],
         "train_seconds": summary["train_seconds"], "test_seconds": round(test_seconds, 1),
-        "device": run_info.get("device"), "precision": run_info.get("precision"), "cpu": _cpu_name(),
+        "device": run_info.get("device"), "precision": run_info.get("precision"), "cpu": cpu_name(),
         # the threads it trained with (the config's 0 means "the executor's share": read the calls)
         "threads": cfg.training.threads or _trained_threads(run_dir),
         **machine(on_gpu=str(run_info.get("device") or "").startswith("cuda")),

@@ -22,16 +22,15 @@ from pathlib import Path
 from typing import Any
 
 from structnmt.study import precision_here
-from structnmt.study.report import _cpu, _machine_kinds
+from structnmt.study.report import cpu_kind, machine_kinds
 from structnmt.study.spec import load_study
 
 
 def kind_here() -> str:
     """This machine's kind for a CPU run, named as the report names a record's."""
-    from structnmt.study.provenance import cpu_info
-    from structnmt.study.runs import _cpu_name
+    from structnmt.study.provenance import cpu_info, cpu_name
 
-    return _cpu({"cpu": _cpu_name(), "cpu_info": cpu_info()})
+    return cpu_kind({"cpu": cpu_name(), "cpu_info": cpu_info()})
 
 
 def seed_records(study_file: str | Path, seed: int, held: Path | None = None) -> dict[str, dict[str, Any]]:
@@ -56,7 +55,7 @@ def other_kinds(records: dict[str, dict[str, Any]], here: str, precision: str | 
     or, given ``precision``, in another precision (the kind then names it)."""
     other: dict[str, list[str]] = {}
     for recipe, record in records.items():
-        for kind in _machine_kinds(record):
+        for kind in machine_kinds(record):
             if kind != here:
                 other.setdefault(kind, []).append(recipe)
         if precision is not None and record.get("precision") not in (None, precision):
