@@ -128,8 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="fused_structure", help="report: benchmarks/results/NAME.md")
     parser.add_argument("--smoke", action="store_true", help="two tiny steps per method: checks the script")
     args = parser.parse_args(argv)
+    measured = set(METHODS)  # the methods whose peak memory is measured (two fresh processes each)
     if args.smoke:
         args.batch, args.lengths, args.repeats = 2, [12], 1
+        measured = set(list(METHODS)[:1])  # the memory path once: a process each costs seconds
     common.set_threads(args.threads)
     # glibc: every allocation above 64 KiB its own mapping, returned at free, so that the resident
     # memory of the fresh processes follows the live tensors (read at their start, hence here)
@@ -143,7 +145,9 @@ def main(argv: list[str] | None = None) -> int:
             times = time_routes(methods, args.batch, length, args.repeats)
             row = [name, f"{times['explicit'] * 1e3:.2f}", f"{times['sdpa'] * 1e3:.2f}",
                    f"{times['sdpa'] / times['explicit']:.2f}"]
-            if not args.no_memory:
+            if not args.no_memory and name not in measured:
+                row += ["-", "-", "-"]
+            elif not args.no_memory:
                 memory = {route: common.run_with_peak_rss(step_memory, methods, args.batch, length, route,
                                                            args.threads)[0]
                           for route in ("explicit", "sdpa")}

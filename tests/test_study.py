@@ -1008,30 +1008,32 @@ def test_aso_compares_trainings_both_ways():
 
 
 def test_aso_is_kept_on_disk_by_its_exact_inputs(monkeypatch, tmp_path):
-    # a report made again after one new record computes only that record's rows anew
+    # a report made again after one new record computes only that record's rows anew (50 bootstrap
+    # iterations, not 1,000: the test is of the cache, not of epsilon; 1,000 took a minute on a slow CPU)
     import json
 
     from structnmt.evaluation import significance
 
+    N = 50
     monkeypatch.setenv("STRUCTNMT_CACHE_DIR", str(tmp_path))
     monkeypatch.setattr(significance, "_ASO_DISK", None)
     significance._aso.cache_clear()
-    both = significance.aso_seeds([34.0, 34.5], [33.9, 34.4, 34.1])
+    both = significance.aso_seeds([34.0, 34.5], [33.9, 34.4, 34.1], n_bootstrap=N)
     kept = json.loads((tmp_path / "aso.json").read_text())
     assert sorted(kept.values()) == sorted(both) and len(kept) == 2
     # read back in another process (here: after the in-memory caches are gone), not computed
     (tmp_path / "aso.json").write_text(json.dumps({k: 0.123 for k in kept}))
     monkeypatch.setattr(significance, "_ASO_DISK", None)
     significance._aso.cache_clear()
-    assert significance.aso_seeds([34.0, 34.5], [33.9, 34.4, 34.1]) == (0.123, 0.123)
+    assert significance.aso_seeds([34.0, 34.5], [33.9, 34.4, 34.1], n_bootstrap=N) == (0.123, 0.123)
     # other inputs (another seed of the test) are computed, and join the file
-    assert significance.aso_seeds([34.0, 34.5], [33.9, 34.4, 34.1], seed=7) != (0.123, 0.123)
+    assert significance.aso_seeds([34.0, 34.5], [33.9, 34.4, 34.1], seed=7, n_bootstrap=N) != (0.123, 0.123)
     assert len(json.loads((tmp_path / "aso.json").read_text())) == 4
     # a damaged file is only a lost speed-up
     (tmp_path / "aso.json").write_text("{not json")
     monkeypatch.setattr(significance, "_ASO_DISK", None)
     significance._aso.cache_clear()
-    assert significance.aso_seeds([34.0, 34.5], [33.9, 34.4, 34.1]) == both
+    assert significance.aso_seeds([34.0, 34.5], [33.9, 34.4, 34.1], n_bootstrap=N) == both
     significance._aso.cache_clear()
 
 
