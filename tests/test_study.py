@@ -199,9 +199,9 @@ def test_a_lane_is_told_when_its_seed_trained_on_another_kind_of_machine(recipes
     for folder, isa in ((recorded, "AVX512"), (held, "AVX2")):
         folder.mkdir(parents=True)
         (folder / "record.json").write_text(json.dumps(record(isa, "bfloat16")))
-    assert set(seed_records(path, 5)) == {"vanilla"}
-    found = seed_records(path, 5, tmp_path / "pending")
-    assert set(found) == {"vanilla", "pascal"} and seed_records(path, 1, tmp_path / "pending") == {}
+    assert set(seed_records(study, 5)) == {"vanilla"}
+    found = seed_records(study, 5, tmp_path / "pending")
+    assert set(found) == {"vanilla", "pascal"} and seed_records(study, 1, tmp_path / "pending") == {}
     assert other_kinds(found, "AMD EPYC (AVX512)") == {"AMD EPYC (AVX2)": ["pascal"]}
     assert other_kinds(found, "AMD EPYC (AVX512)", "float32") == {
         "AMD EPYC (AVX2)": ["pascal"], "bfloat16, not float32": ["vanilla", "pascal"]}
@@ -209,6 +209,8 @@ def test_a_lane_is_told_when_its_seed_trained_on_another_kind_of_machine(recipes
     assert main([str(path), "vanilla", "5", str(tmp_path / "pending")]) == 1  # two kinds: one is not this one
     assert main([str(path), "vanilla", "1"]) == 0  # nothing recorded yet
     assert main([str(path), "nobody", "1"]) == 2 and main([str(path), "vanilla", "one"]) == 2
+    (held / "record.json").write_text("{not json")  # a damaged record stops the lane, named
+    assert main([str(path), "vanilla", "5", str(tmp_path / "pending")]) == 2
 
 
 def test_runs_are_ordered_seed_by_seed_with_the_baseline_first(recipes, tmp_path):

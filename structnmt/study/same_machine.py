@@ -23,7 +23,7 @@ from typing import Any
 
 from structnmt.study import precision_here
 from structnmt.study.report import cpu_kind, machine_kinds
-from structnmt.study.spec import load_study
+from structnmt.study.spec import Study, load_study
 
 
 def kind_here() -> str:
@@ -33,10 +33,9 @@ def kind_here() -> str:
     return cpu_kind({"cpu": cpu_name(), "cpu_info": cpu_info()})
 
 
-def seed_records(study_file: str | Path, seed: int, held: Path | None = None) -> dict[str, dict[str, Any]]:
+def seed_records(study: Study, seed: int, held: Path | None = None) -> dict[str, dict[str, Any]]:
     """The seed's records by recipe: the study's, then those held back in ``held`` (same layout,
     ``held/<records folder name>/<recipe>/seed<N>``) for recipes the study has not recorded."""
-    study = load_study(study_file)
     found: dict[str, dict[str, Any]] = {}
     roots = [Path(study.records)] + ([Path(held) / Path(study.records).name] if held is not None else [])
     for root in roots:
@@ -45,8 +44,8 @@ def seed_records(study_file: str | Path, seed: int, held: Path | None = None) ->
             if recipe not in found:
                 try:
                     found[recipe] = json.loads(path.read_text(encoding="utf-8"))
-                except (OSError, ValueError) as err:
-                    raise SystemExit(f"error: {path}: not a readable record ({err})") from err
+                except (OSError, ValueError) as err:  # named, and the lane stops (status 2)
+                    raise ValueError(f"{path}: not a readable record ({err})") from err
     return found
 
 
@@ -74,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         spec = load_study(study)
         spec.recipe(recipe)  # an unknown recipe is refused, not checked
         precision = precision_here(spec, recipe, seed)  # None: not known here
-        records = seed_records(study, seed, Path(args[3]) if len(args) == 4 else None)
-    except Exception as err:  # an unreadable study file, an unknown recipe: one line
+        records = seed_records(spec, seed, Path(args[3]) if len(args) == 4 else None)
+    except Exception as err:  # an unreadable study file or record, an unknown recipe: one line
         print(f"error: {err}", file=sys.stderr)
         return 2
     other = other_kinds(records, here, precision)
