@@ -55,11 +55,15 @@ if [ "$(git -C "$dir" rev-parse HEAD 2>/dev/null)" != "$commit" ] \
 fi
 cd "$dir" || exit 1
 # TERM (kill -TERM -- -PID) reaches the run, which checkpoints and exits 75; the lane waits for it
-# and stops, saying so, instead of dying before the run has saved
-trap 'say "signal received: the lane stops after its run has saved"' TERM
+# and stops, saying so, instead of dying before the run has saved. A TERM that comes between runs
+# (while a record is looked up or moved) stops the lane at the next check, never starting a run.
+stop=0
+trap 'stop=1; say "signal received: the lane stops after its run has saved"' TERM
+stopped() { [ "$stop" = 1 ] && { say "stopped by a signal"; exit 75; }; }
 name=$(basename "${study%.yaml}")
 mkdir -p "$main/runs/logs/$name"
 for item in "$@"; do
+  stopped
   recipe=${item%%:*}; seed=${item##*:}
   if [ "$recipe" = "$item" ] || ! [[ $seed =~ ^[0-9]+$ ]]; then
     say "$item: not RECIPE:SEED, skipped"
@@ -75,16 +79,19 @@ print(s.record_dir(sys.argv[2], int(sys.argv[3])))" "$study" "$recipe" "$seed" 2
     continue
   fi
   if [ ! -f "$record/record.json" ] && [ "${ALLOW_OTHER_MACHINE:-0}" != 1 ]; then
-    # a seed's runs train on one kind of machine, in one precision: a lane on another kind stops
-    # here (ALLOW_OTHER_MACHINE=1 trains all the same; the report then warns that the seed mixes)
+    # a seed's runs train on one kind of machine, in one precision: a lane on another kind skips
+    # the run (ALLOW_OTHER_MACHINE=1 trains all the same; the report then warns that the seed mixes).
+    # The check runs from this checkout (the pinned commit may predate it) and reads its study file.
     said=$(cd "$main" && python -m structnmt.study.same_machine "$study" "$recipe" "$seed" "$main/studies/pending" 2>&1)
     code=$?
-    if [ "$code" -ne 0 ]; then
-      say "$item: not started: $said"
-      [ "$code" -eq 1 ] && continue
-      exit 2
-    fi
+    stopped
+    case $code in
+      0) say "$item: same kind of machine: $said" ;;
+      3) say "$item: not started: $said"; continue ;;
+      *) say "$item: the machine check failed (exit $code), the lane stops: $said"; exit 2 ;;
+    esac
   fi
+  stopped
   if [ ! -f "$record/record.json" ]; then
     say "$item at $short in $dir"
     OMP_NUM_THREADS=${THREADS:-1} MKL_NUM_THREADS=${THREADS:-1} nice -n "${NICE:-5}" \

@@ -206,11 +206,45 @@ def test_a_lane_is_told_when_its_seed_trained_on_another_kind_of_machine(recipes
     assert other_kinds(found, "AMD EPYC (AVX512)", "float32") == {
         "AMD EPYC (AVX2)": ["pascal"], "bfloat16, not float32": ["vanilla", "pascal"]}
     assert other_kinds({"vanilla": found["vanilla"]}, "AMD EPYC (AVX512)", "bfloat16") == {}
-    assert main([str(path), "vanilla", "5", str(tmp_path / "pending")]) == 1  # two kinds: one is not this one
+    assert main([str(path), "vanilla", "5", str(tmp_path / "pending")]) == 3  # two kinds: one is not this one
     assert main([str(path), "vanilla", "1"]) == 0  # nothing recorded yet
     assert main([str(path), "nobody", "1"]) == 2 and main([str(path), "vanilla", "one"]) == 2
     (held / "record.json").write_text("{not json")  # a damaged record stops the lane, named
     assert main([str(path), "vanilla", "5", str(tmp_path / "pending")]) == 2
+    (held / "record.json").write_text("[]")  # JSON, but not a record
+    assert main([str(path), "vanilla", "5", str(tmp_path / "pending")]) == 2
+    stray = Path(study.records) / "notarecipe" / "seed5"  # a folder the study does not name is not its run
+    stray.mkdir(parents=True)
+    (stray / "record.json").write_text("{not json")
+    assert set(seed_records(study, 5)) == {"vanilla"}
+
+
+def test_same_machine_passes_a_matching_seed_and_refuses_on_precision_alone(recipes, tmp_path, monkeypatch, capsys):
+    from structnmt.study import same_machine
+
+    path = _study_file(tmp_path, {"vanilla": recipes["vanilla"], "pascal": recipes["pascal"]}, seeds=(5,))
+    study = load_study(path)
+    held = tmp_path / "pending"
+    for root, recipe, precision in ((Path(study.records), "vanilla", "bfloat16"),
+                                    (held / Path(study.records).name, "vanilla", "float32"),
+                                    (held / Path(study.records).name, "pascal", "bfloat16")):
+        (root / recipe / "seed5").mkdir(parents=True)
+        record = {"cpu": "AMD EPYC", "cpu_info": {"isa": "AVX512"}, "precision": precision, "calls": []}
+        (root / recipe / "seed5" / "record.json").write_text(json.dumps(record))
+    assert same_machine.seed_records(study, 5, held)["vanilla"]["precision"] == "bfloat16"  # the study's wins
+    monkeypatch.setattr(same_machine, "kind_here", lambda: "AMD EPYC (AVX512)")
+    monkeypatch.setattr(same_machine, "precision_here", lambda *a: "bfloat16")
+    assert same_machine.main([str(path), "pascal", "5", str(held)]) == 0
+    assert "2 record(s), all on AMD EPYC (AVX512)" in capsys.readouterr().out
+    monkeypatch.setattr(same_machine, "precision_here", lambda *a: "float32")  # same CPU, another precision
+    assert same_machine.main([str(path), "pascal", "5", str(held)]) == 3
+    assert "bfloat16, not float32: vanilla, pascal" in capsys.readouterr().out
+    monkeypatch.setattr(same_machine, "precision_here", lambda *a: None)
+    monkeypatch.setattr(same_machine, "kind_here", lambda: "AMD EPYC (AVX2)")
+    assert same_machine.main([str(path), "pascal", "5", str(held)]) == 3
+    assert "pascal precision unknown" in capsys.readouterr().out
+    monkeypatch.setattr(same_machine, "kind_here", lambda: 1 / 0)  # a crash is an error, never "another machine"
+    assert same_machine.main([str(path), "pascal", "5", str(held)]) == 2
 
 
 def test_runs_are_ordered_seed_by_seed_with_the_baseline_first(recipes, tmp_path):

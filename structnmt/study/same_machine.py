@@ -10,8 +10,9 @@ warns after the fact when a seed pools kinds; this check lets a lane of CPU runs
 
 It reads the seed's records in the study's records folder and, with ``HELD_DIR`` (the
 ``studies/pending`` of a seed-major study), those held back. Exit 0 when every one trained on
-this machine's kind in the precision RECIPE would train in here (or there is none yet), 1 naming
-what differs otherwise, 2 on a bad argument.
+this machine's kind in the precision RECIPE would train in here (or there is none yet), 3 naming
+what differs otherwise, 2 on a bad argument, an unreadable study file or record, or any other
+error (a crash must not read as "another machine", so 1 is never used).
 """
 
 from __future__ import annotations
@@ -37,15 +38,20 @@ def seed_records(study: Study, seed: int, held: Path | None = None) -> dict[str,
     """The seed's records by recipe: the study's, then those held back in ``held`` (same layout,
     ``held/<records folder name>/<recipe>/seed<N>``) for recipes the study has not recorded."""
     found: dict[str, dict[str, Any]] = {}
+    recipes = {recipe.name for recipe in study.recipes}
     roots = [Path(study.records)] + ([Path(held) / Path(study.records).name] if held is not None else [])
     for root in roots:
         for path in sorted(root.glob(f"*/seed{seed}/record.json")):
             recipe = path.parent.parent.name
-            if recipe not in found:
-                try:
-                    found[recipe] = json.loads(path.read_text(encoding="utf-8"))
-                except (OSError, ValueError) as err:  # named, and the lane stops (status 2)
-                    raise ValueError(f"{path}: not a readable record ({err})") from err
+            if recipe in found or recipe not in recipes:  # a folder the study does not name: not its run
+                continue
+            try:
+                record = json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, ValueError) as err:  # named, and the lane stops (status 2)
+                raise ValueError(f"{path}: not a readable record ({err})") from err
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}: not a readable record (a JSON {type(record).__name__}, not an object)")
+            found[recipe] = record
     return found
 
 
@@ -62,29 +68,38 @@ def other_kinds(records: dict[str, dict[str, Any]], here: str, precision: str | 
     return other
 
 
+SAME, ERROR, DIFFERS = 0, 2, 3
+
+
+def check(study: str, recipe: str, seed: int, held: Path | None) -> tuple[int, str]:
+    """(status, the line that says why) for RECIPE's run of SEED on this machine."""
+    spec = load_study(study)
+    spec.recipe(recipe)  # an unknown recipe is refused, not checked
+    here = kind_here()
+    precision = precision_here(spec, recipe, seed)  # None: not known here
+    records = seed_records(spec, seed, held)
+    other = other_kinds(records, here, precision)
+    if not other:
+        return SAME, (f"seed {seed}: {len(records)} record(s), all on {here}"
+                      + (f", none in another precision than {precision}" if precision else ""))
+    named = "; ".join(f"{kind}: {', '.join(recipes)}" for kind, recipes in other.items())
+    in_precision = f"in {precision}" if precision else "precision unknown"
+    return DIFFERS, (f"seed {seed} trained on another kind of machine than this one "
+                     f"({here}, {recipe} {in_precision}): {named}")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if len(args) not in (3, 4) or not args[2].isdigit():
         print(__doc__.split("\n\n")[2].strip(), file=sys.stderr)
-        return 2
-    study, recipe, seed = args[0], args[1], int(args[2])
-    here = kind_here()
+        return ERROR
     try:
-        spec = load_study(study)
-        spec.recipe(recipe)  # an unknown recipe is refused, not checked
-        precision = precision_here(spec, recipe, seed)  # None: not known here
-        records = seed_records(spec, seed, Path(args[3]) if len(args) == 4 else None)
-    except Exception as err:  # an unreadable study file or record, an unknown recipe: one line
+        status, line = check(args[0], args[1], int(args[2]), Path(args[3]) if len(args) == 4 else None)
+    except Exception as err:  # an unreadable study file or record, an unknown recipe, a crash: one line
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    other = other_kinds(records, here, precision)
-    if not other:
-        print(f"seed {seed}: {len(records)} record(s), all on {here}"
-              + (f", none in another precision than {precision}" if precision else ""))
-        return 0
-    named = "; ".join(f"{kind}: {', '.join(recipes)}" for kind, recipes in other.items())
-    print(f"seed {seed} trained on another kind of machine than this one ({here}, {recipe} in {precision}): {named}")
-    return 1
+        return ERROR
+    print(line)
+    return status
 
 
 if __name__ == "__main__":
