@@ -24,6 +24,21 @@ def shared_path(*parts: str) -> Path:
 
 
 @pytest.fixture(autouse=True, scope="session")
+def _subprocesses_import_this_checkout():
+    """Scripts, CLIs and workers the tests start import this checkout's structnmt, the one pytest
+    imports, not whichever copy (an install of another clone, or none) the interpreter finds."""
+    import os
+
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([before] if before else []))
+    yield
+    if before is None:
+        del os.environ["PYTHONPATH"]
+    else:
+        os.environ["PYTHONPATH"] = before
+
+
+@pytest.fixture(autouse=True, scope="session")
 def _own_cache_dir(tmp_path_factory):
     """What structnmt caches between runs (significance.cache_dir) goes to a temporary folder:
     tests compute everything, and never write to the user's home."""
