@@ -69,6 +69,11 @@ def test_bench_report_smoke(work):
     assert "outputs identical" in out and (work / "results" / "report.md").is_file()
 
 
+def test_bench_aso_smoke(work):
+    out = run("bench_aso.py", "--smoke", tmp=work)
+    assert "2 ε identical" in out and "smoke: ASO measured both ways" in out
+
+
 @pytest.mark.skipif(importlib.util.find_spec("ctranslate2") is None, reason="CTranslate2 (an optional extra) is absent")
 def test_bench_decode_smoke(work):
     out = run("bench_decode.py", "--smoke", work / "task", tmp=work)
