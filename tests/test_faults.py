@@ -574,7 +574,7 @@ def test_no_fault_case_prints_a_traceback(demo: Path, tmp_path: Path) -> None:
 BUSY_DEMO = {"model.d_model": 64, "model.d_ff": 128, "model.enc_layers": 2, "model.dec_layers": 2,
              "model.dropout": 0.0, "training.max_tokens": 1024, "training.lr": 5e-3, "training.warmup": 100,
              "training.valid_every": 1000, "training.tensorboard": False, "decoding.beam": 2}
-BUSY_STEPS = 450
+BUSY_STEPS = 300
 
 
 def test_the_demo_refuses_no_updates(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
@@ -614,15 +614,16 @@ def test_the_stall_watch_says_what_to_do_when_updates_collapse(tmp_path: Path,
 
 
 @pytest.mark.slow
-def test_the_demo_trains_every_update_beside_two_busy_processes(tmp_path: Path, capsys: pytest.CaptureFixture,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Two processes that keep two cores busy: the demo takes one thread per free core, trains
-    every update it was asked for and reaches its quality (it used to train for three minutes
-    with two stalling threads: 146 updates and BLEU 2.37)."""
+def test_the_demo_trains_every_update_beside_a_busy_process(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A process that keeps a core busy: the demo takes one thread per free core (fewer than the
+    cores), trains every update it was asked for and reaches its quality (beside two such
+    processes it used to train for three minutes with two stalling threads: 146 updates and BLEU
+    2.37). One busy process, not two: on a two-core machine the other test worker needs a core."""
     from structnmt.training.cpu import available_cores
 
     monkeypatch.chdir(tmp_path)
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])]
     try:
         time.sleep(1.0)  # they hold their cores before the demo looks
         scores = structnmt.demo("demo", train_size=3000, seed=1, overrides=BUSY_DEMO, valid_size=20,
@@ -633,10 +634,10 @@ def test_the_demo_trains_every_update_beside_two_busy_processes(tmp_path: Path, 
             process.wait()
     out = capsys.readouterr().out
     threads = int(out.split("[demo] training with ")[1].split(" CPU thread")[0])
-    assert threads <= max(1, available_cores() - 1), out  # fewer threads than cores: two are taken
+    assert threads <= max(1, available_cores() - 1), out  # fewer threads than cores: one is taken
     assert f"[demo] training {BUSY_STEPS} updates" in out
     assert scores["summary"]["status"] == "max_steps" and scores["summary"]["step"] == BUSY_STEPS
-    assert scores["bleu"] >= 25.0, out  # 32.4 measured (1 thread); 2.37 was the three-minute demo beside them
+    assert scores["bleu"] >= 25.0, out  # 30.8 measured (1 thread); 2.37 was the three-minute demo beside two
     assert " left" in out  # the progress lines (no terminal here) give the time left
     with capsys.disabled():
         print(f"\nbusy demo: {threads} thread(s), {BUSY_STEPS} updates, test BLEU {scores['bleu']:.2f}, "
