@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -43,14 +44,19 @@ def convert(tp: Any, value: Any, where: str) -> Any:
         options = [arg for arg in args if arg is not type(None)]
         if len(options) == 1:  # ``X | None``: X's own error names the field inside (data.clean.foo)
             return convert(options[0], value, where)
-        errors = []
-        for arg in args:
-            if arg is type(None):
-                continue
+        errors: dict[Any, ConfigError] = {}
+        for arg in options:
             try:
                 return convert(arg, value, where)
             except ConfigError as err:
-                errors.append(str(err))
+                errors[arg] = err
+        # a word where a word is wanted, or a list where a list is: that option's own error says more
+        # (``stack: encodr`` -> "must be one of ['encoder', 'decoder']") than a list of type names
+        if isinstance(value, (str, list, tuple)):
+            wanted = (Literal,) if isinstance(value, str) else (list, tuple)
+            shaped = [err for arg, err in errors.items() if typing.get_origin(arg) in wanted]
+            if len(shaped) == 1:
+                raise shaped[0]
         raise ConfigError(f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}", where)
     if origin is Literal:
         if isinstance(value, bool) and {"on", "off"} <= set(args):  # YAML 1.1 reads on/off as booleans
@@ -432,6 +438,31 @@ class ExperimentConfig:
     path: str | None = field(default=None, repr=False)  # set by load_config: where it came from
 
 
+class YamlLoader(yaml.SafeLoader):
+    """YAML as configs are written: PyYAML follows YAML 1.1, which reads ``1e-3`` (no dot) as a
+    string; here it is the number a user means, as in YAML 1.2."""
+
+
+YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def parse_yaml(text: str, path: str | Path | None = None, what: str = "not valid YAML") -> Any:
+    """``text`` read as YAML; a syntax error is one line naming its line and column."""
+    try:
+        return yaml.load(text, Loader=YamlLoader)
+    except yaml.YAMLError as err:
+        raise ConfigError(yaml_problem(err, what), path=path) from None
+
+
+def yaml_problem(err: yaml.YAMLError, what: str = "not valid YAML") -> str:
+    """One line for a YAML error: where (1-based line and column) and what PyYAML found."""
+    mark = getattr(err, "problem_mark", None)
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    problem = getattr(err, "problem", None) or str(err)
+    return " ".join(f"{where}{what}: {problem}".split())
+
+
 def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     """Read one YAML file, following ``base:`` (a recipe it extends, relative to this file)."""
     if path.resolve() in chain:
@@ -443,10 +474,10 @@ def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     except UnicodeDecodeError as err:
         raise ConfigError(f"not valid UTF-8 ({err.reason})", path=path) from None
     try:
-        _refuse_duplicate_keys(yaml.compose(text, Loader=yaml.SafeLoader), path)
-        raw = yaml.safe_load(text)
+        _refuse_duplicate_keys(yaml.compose(text, Loader=YamlLoader), path)
     except yaml.YAMLError as err:
-        raise ConfigError(f"not valid YAML: {err}", path=path) from None
+        raise ConfigError(yaml_problem(err), path=path) from None
+    raw = parse_yaml(text, path)
     if raw is None:  # an empty file (or only comments) would otherwise fail later, naming no file
         raise ConfigError("the config file is empty", path=path)
     if not isinstance(raw, dict):
@@ -534,12 +565,32 @@ def with_overrides(cfg: ExperimentConfig, overrides: dict[str, Any] | None) -> E
 
 
 def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
-    """``raw["a"]["b"]["c"] = value`` for ``key = "a.b.c"``, making missing sections."""
-    parts = key.split(".")
-    node = raw
-    for part in parts[:-1]:
-        node = node.setdefault(part, {})
-    node[parts[-1]] = value
+    """``raw["a"]["b"]["c"] = value`` for ``key = "a.b.c"``, making missing sections; a number
+    indexes a list (``model.methods.0.heads`` or ``model.methods[0].heads``)."""
+    parts = re.sub(r"\[(\d+)\]", r".\1", key).split(".")
+    if not all(parts):
+        raise ConfigError("not a dotted field name (like training.lr or model.methods.0.heads)", key)
+    node: Any = raw
+    for i, part in enumerate(parts):
+        where = ".".join(parts[:i]) or key
+        last = i == len(parts) - 1
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ConfigError(f"a list of {len(node)}: index with 0..{len(node) - 1}, not {part!r}" if node
+                                  else f"an empty list: it has no item {part!r}", where)
+            if last:
+                node[int(part)] = value
+            else:
+                node = node[int(part)]
+        elif isinstance(node, dict):
+            if last:
+                node[part] = value
+            else:
+                if node.get(part) is None:  # missing, or left empty (YAML null): a list by default if indexed
+                    node[part] = [] if parts[i + 1].isdigit() else {}
+                node = node[part]
+        else:
+            raise ConfigError(f"is {node!r}, not a section: it has no field {part!r}", where)
 
 
 def parse_overrides(items: list[str], where: str = "--set") -> dict[str, Any]:
@@ -551,5 +602,8 @@ def parse_overrides(items: list[str], where: str = "--set") -> dict[str, Any]:
         key, sep, value = item.partition("=")
         if not sep or not key:
             raise ConfigError(f"expected KEY=VALUE, got {item!r}", where)
-        out[key] = yaml.safe_load(value)
+        try:
+            out[key] = yaml.load(value, Loader=YamlLoader)
+        except yaml.YAMLError as err:
+            raise ConfigError(yaml_problem(err, "the value is not valid YAML"), f"{where} {key}") from None
     return out

@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from structnmt.cli.main import main
-from structnmt.config import load_config, to_dict
+from structnmt.config import load_config, parse_overrides, to_dict
 from structnmt.data.dataset import ParallelDataset
 from structnmt.data.example import DepTree
 from structnmt.data.pipeline import Preprocessor
@@ -367,6 +367,8 @@ BAD_CONFIGS = {
     "misspelled_backend": ({"data": {"src": {"lang": "en", "parser": {"backend": "spcy"}}}},
                            "data.src.parser.backend: must be one of ['spacy', 'stanza', 'udpipe', 'conllu', 'none'], "
                            "got 'spcy'"),
+    "misspelled_stack": ({"model": {"methods": [{"name": "pascal", "stack": "encodr"}]}},
+                         "model.methods[0].stack: must be one of ['encoder', 'decoder'], got 'encodr'"),
     "missing_train_split": ({"data": {"splits": {"val": {"src": "v.en", "tgt": "v.de"}}}},
                             "data.splits.train: the training split is missing (data.train_split is 'train'; "
                             "data.splits has ['val'])"),
@@ -395,6 +397,48 @@ def test_bad_override_on_the_command_line(tmp_path: Path, capsys: pytest.Capture
     message = failing(capsys, "train", str(config), "--set", "training.max_steps")
     assert message == "--set: expected KEY=VALUE, got 'training.max_steps'"
     assert not (tmp_path / "run").exists()
+
+
+def test_overrides_reach_into_lists_and_refuse_what_is_not_a_section(tmp_path: Path,
+                                                                      capsys: pytest.CaptureFixture) -> None:
+    config = experiment(tmp_path)
+    pascal = "model.methods=[{name: pascal}]"
+    for index in ("model.methods.0.heads=9", "model.methods[0].heads=9"):  # 9: outside the model's 2 heads
+        assert "model.methods[0].heads" in failing(capsys, "train", str(config), "--set", pascal, "--set", index)
+    assert failing(capsys, "train", str(config), "--set", pascal, "--set", "model.methods.1.heads=1") == \
+        "model.methods: a list of 1: index with 0..0, not '1'"
+    assert failing(capsys, "train", str(config), "--set", "model.methods.0.heads=1") == \
+        "model.methods: an empty list: it has no item '0'"
+    assert failing(capsys, "train", str(config), "--set", "model.d_model.x=1") == \
+        "model.d_model: is 16, not a section: it has no field 'x'"
+    assert failing(capsys, "train", str(config), "--set", "training.max_steps=[1") == \
+        ("--set training.max_steps: line 1, column 3: the value is not valid YAML: "
+         "expected ',' or ']', but got '<stream end>'")
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_number_in_e_notation_is_a_number(tmp_path: Path) -> None:
+    """YAML 1.1 (PyYAML) reads ``1e-3`` as a string; a config means the number."""
+    config = experiment(tmp_path)
+    raw = yaml.safe_load(config.read_text())
+    raw["training"]["lr"] = "LR"
+    raw.setdefault("decoding", {})["length_penalty"] = "ALPHA"
+    config.write_text(yaml.safe_dump(raw).replace("LR", "1e-3").replace("ALPHA", "+2E0"))
+    cfg = load_config(config)
+    assert cfg.training.lr == 0.001 and isinstance(cfg.training.lr, float)
+    assert cfg.decoding.length_penalty == 2.0
+    assert load_config(config, parse_overrides(["training.lr=5e-4"])).training.lr == 0.0005
+
+
+def test_yaml_syntax_error_is_one_line_with_its_place(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = tmp_path / "tab.yaml"
+    config.write_text("data:\n\tdir: x\n")
+    assert failing(capsys, "train", str(config)) == \
+        f"{config}: line 2, column 1: not valid YAML: found character '\\t' that cannot start any token"
+    study = tmp_path / "study.yaml"
+    study.write_text("name: s\nrecipes: [\n")
+    message = failing(capsys, "study", str(study), "--status")
+    assert message.startswith(f"{study}: line 3, column 1: not valid YAML: ")
 
 
 def test_vocabulary_too_small_for_the_alphabet(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -36,9 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
-from structnmt.config import ExperimentConfig, from_dict, load_config, to_dict
+from structnmt.config import ExperimentConfig, from_dict, load_config, parse_yaml, to_dict
 from structnmt.errors import ConfigError
 
 
@@ -262,11 +260,13 @@ def load_study(path: str | Path) -> Study:
     """Read and validate a study file; every recipe's config is loaded with its overrides."""
     path = Path(path)
     try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
+        raw = parse_yaml(path.read_text(encoding="utf-8"), path)
     except FileNotFoundError:
         raise ConfigError("study file not found", path=path) from None
-    except yaml.YAMLError as err:
-        raise ConfigError(f"not valid YAML ({err})", path=path) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, not a study file", path=path) from None
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"not valid UTF-8 ({err.reason})", path=path) from None
     if not isinstance(raw, dict):
         raise ConfigError("a study file is a mapping (name, baseline, seeds, max_steps, recipes)", path=path)
     # an ``overrides:`` key left empty reads as YAML null: no overrides
