@@ -186,6 +186,12 @@ def test_a_changed_input_is_refused_without_force(tmp_path: Path, capsys: pytest
     (tmp_path / "train.de").write_text("".join(t + "\n" for t in tgt))
     message = failing(capsys, "prepare", str(config))
     assert message.startswith(f"{tmp_path / 'train.de'} changed since the dataset was prepared (size ")
+    # training would learn the old corpus while the config names the new one: refused too, before a run starts
+    for argv in (("train", str(config)), ("train", str(config), "--prepare")):
+        message = failing(capsys, *argv)
+        assert message.startswith(f"{tmp_path / 'train.de'} changed since the dataset was prepared (size ")
+        assert message.endswith(f"; run `structnmt prepare {config} --force` to rebuild {tmp_path / 'dataset'}")
+    assert not (tmp_path / "run").exists()
     # --force rebuilds and records the new digests
     assert cli(capsys, "prepare", str(config), "--force")[0] == 0
     files = json.loads((tmp_path / "dataset" / "meta.json").read_text())["inputs"]["files"]

@@ -209,10 +209,25 @@ def check_unchanged(recorded: dict, data: DataConfig, trees: str | None = None) 
 
         raise StaleDatasetError(f"the dataset was built from {what(recorded.get('trees'))}; the parse cache now "
                                 f"holds {what(trees)}; {hint}")
-    old_files = recorded.get("files", {})
+    absent = check_files_unchanged(recorded.get("files", {}), data, hint)
+    # with the parse cache pinned, the trees file (compared above) stands for the parser: the
+    # parser on this machine, or its absence, does not change the dataset
+    for side, old in (recorded.get("parsers") or {}).items() if trees is None else ():
+        now = parser_identity(getattr(data, side).parser)
+        if old and now and old.get("digest") != now.get("digest"):
+            raise StaleDatasetError(
+                f"the parser of data.{side}.parser (model {now.get('model')}) changed since the dataset was "
+                f"prepared (digest {_short(old.get('digest'))} -> {_short(now.get('digest'))}); {hint}")
+    return absent
+
+
+def check_files_unchanged(recorded: dict, data: DataConfig, hint: str) -> list[str]:
+    """Raise :class:`StaleDatasetError` (ending with ``hint``) naming the first input file of
+    ``data`` whose size or SHA-256 differs from ``recorded`` (``meta.json``'s ``inputs.files``);
+    return those not on this machine. Sizes first: a changed size needs no hashing."""
     absent = []
     for role, path in input_files(data).items():
-        old = old_files.get(role)
+        old = recorded.get(role)
         if old is None or old.get("sha256") is None:
             continue  # a new role means a new config (compared by the caller); a pipe cannot be checked
         if not Path(path).exists():
@@ -226,14 +241,6 @@ def check_unchanged(recorded: dict, data: DataConfig, trees: str | None = None) 
         if now != old["sha256"]:
             raise StaleDatasetError(f"{path} changed since the dataset was prepared "
                                     f"(sha256 {_short(old['sha256'])} -> {_short(now)}); {hint}")
-    # with the parse cache pinned, the trees file (compared above) stands for the parser: the
-    # parser on this machine, or its absence, does not change the dataset
-    for side, old in (recorded.get("parsers") or {}).items() if trees is None else ():
-        now = parser_identity(getattr(data, side).parser)
-        if old and now and old.get("digest") != now.get("digest"):
-            raise StaleDatasetError(
-                f"the parser of data.{side}.parser (model {now.get('model')}) changed since the dataset was "
-                f"prepared (digest {_short(old.get('digest'))} -> {_short(now.get('digest'))}); {hint}")
     return absent
 
 

@@ -62,6 +62,21 @@ def check_dataset_matches_config(cfg: ExperimentConfig, dataset_dir: Path) -> No
                           "run `structnmt prepare CONFIG --force` or point data.dir elsewhere", "data")
 
 
+def check_inputs_unchanged(cfg: ExperimentConfig, dataset_dir: Path) -> None:
+    """Refuse a dataset whose text or parse files changed since ``prepare`` read them: training
+    would learn from the old corpus while the config names the new one. Inputs not on this
+    machine (a dataset carried without its raw text) cannot be checked and pass."""
+    from structnmt.data.identity import check_files_unchanged
+
+    meta_file = dataset_dir / "meta.json"
+    if cfg.data is None or not meta_file.is_file():
+        return
+    recorded = json.loads(meta_file.read_text(encoding="utf-8")).get("inputs") or {}
+    where = f" {cfg.path}" if cfg.path else ""
+    check_files_unchanged(recorded.get("files") or {}, cfg.data,
+                          f"run `structnmt prepare{where or ' CONFIG'} --force` to rebuild {dataset_dir}")
+
+
 def check_shared_embeddings(cfg: ExperimentConfig, dataset_dir: Path) -> None:
     """Sharing source and target embeddings is only meaningful over one joint vocabulary."""
     meta_file = dataset_dir / "meta.json"

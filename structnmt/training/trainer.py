@@ -65,6 +65,7 @@ from structnmt.training.checkpoint_policy import (
 from structnmt.training.checks import (
     check_conventions,
     check_dataset_matches_config,
+    check_inputs_unchanged,
     check_lengths,
     check_methods_against_dataset,
     check_shared_embeddings,
@@ -578,6 +579,7 @@ def train(cfg: ExperimentConfig, resume: bool = False,
         src_vocab, tgt_vocab = vocab_sizes(pre)
         seed_everything(t.seed)  # same initial weights on every rank (DDP also broadcasts rank 0's)
         check_dataset_matches_config(cfg, Path(cfg.data.dir))
+        check_inputs_unchanged(cfg, Path(cfg.data.dir))
         check_shared_embeddings(cfg, Path(cfg.data.dir))
         model = Transformer(cfg.model, src_vocab, tgt_vocab)
         check_conventions(model, Path(cfg.data.dir))
