@@ -76,6 +76,8 @@ def recipes(tmp_path_factory) -> dict[str, Path]:
     ({"executor": {"kind": "local", "device": "cuda:"}}, "executor.device"),
     ({"executor": {"kind": "local", "device": "cpu:0"}}, "executor.device"),
     ({"executor": {"kind": "local", "commit": "yes"}}, "executor.commit"),
+    ({"test_sets": ["tst"]}, "test_sets"),  # not a split of the recipes' data: refused before any run trains
+    ({"overrides": {"model.methods.0.heads": 1}}, "model.methods"),  # vanilla has no method 0
 ])
 def test_a_bad_study_file_names_the_field(recipes, tmp_path, change, field):
     path = _study_file(tmp_path, recipes)

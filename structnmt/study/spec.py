@@ -298,6 +298,11 @@ def load_study(path: str | Path) -> Study:
             raise ConfigError(f"recipe {r.name!r} builds {cfg.data.dir} from another data section than recipe "
                               f"{datasets[cfg.data.dir][0]!r}: one would overwrite the other", f"recipes[{i}]", path)
         datasets.setdefault(cfg.data.dir, (r.name, data))
+        # a misspelt test set would otherwise be found only after every run has trained
+        unknown = [name for name in study.test_sets or () if name not in cfg.data.splits]
+        if unknown:
+            raise ConfigError(f"{unknown[0]!r} is not one of the splits of recipe {r.name!r} "
+                              f"(data.splits: {', '.join(cfg.data.splits)})", "test_sets", path)
     return study
 
 
