@@ -275,6 +275,9 @@ class DataConfig:
         _need(self.train_split in self.splits,
               f"the training split is missing (data.train_split is {self.train_split!r}; "
               f"data.splits has {sorted(self.splits)})", f"{where}.splits.{self.train_split}")
+        # without a split named "val" a run does not validate; a split named otherwise must exist
+        _need(self.valid_split in self.splits or self.valid_split == "val",
+              f"{self.valid_split!r} is not one of data.splits ({', '.join(self.splits)})", f"{where}.valid_split")
         _need(self.processes >= 1, "must be at least 1", f"{where}.processes")
 
 

@@ -441,6 +441,23 @@ def test_yaml_syntax_error_is_one_line_with_its_place(tmp_path: Path, capsys: py
     assert message.startswith(f"{study}: line 3, column 1: not valid YAML: ")
 
 
+def test_a_method_whose_trees_the_dataset_lacks_is_refused_before_a_run_folder_is_made(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = experiment(tmp_path, data={"src": {"lang": "en"}})  # no parser: the dataset stores no trees
+    assert cli(capsys, "prepare", str(config))[0] == 0
+    message = failing(capsys, "train", str(config), "--set", "model.methods=[{name: sh_labels}, {name: pascal}]")
+    assert message == (f"{config}: model.methods[0]: sh_labels reads labels on the src side, which "
+                       f"{tmp_path / 'dataset' / 'train'} does not store (labels, word_index missing): prepare the "
+                       "dataset with data.src.parser set")
+    assert not (tmp_path / "run").exists()
+    # and a validation split the dataset lacks names the config too
+    message = failing(capsys, "train", str(config), "--set", "model.methods=[]")
+    assert message == f"{config}: data.valid_split: the dataset has no split 'val' to validate on (splits: train)"
+    for command in ("prepare", "train"):  # a validation split named otherwise must be one of data.splits
+        message = failing(capsys, command, str(config), "--set", "data.valid_split=dev")
+        assert message == f"{config}: data.valid_split: 'dev' is not one of data.splits (train)"
+
+
 def test_vocabulary_too_small_for_the_alphabet(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = experiment(tmp_path, data={"subwords": {"vocab_size": 16}})
     message = failing(capsys, "prepare", str(config))

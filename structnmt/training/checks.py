@@ -59,7 +59,8 @@ def check_dataset_matches_config(cfg: ExperimentConfig, dataset_dir: Path) -> No
         shown = "; ".join(f"{k}: {b!r} asked, {a!r} in the dataset" for k, a, b in differ[:3])
         more = f" (+{len(differ) - 3} more)" if len(differ) > 3 else ""
         raise ConfigError(f"{dataset_dir} was prepared from another data section ({shown}{more}); "
-                          "run `structnmt prepare CONFIG --force` or point data.dir elsewhere", "data")
+                          f"run `structnmt prepare {cfg.path or 'CONFIG'} --force` or point data.dir elsewhere",
+                          "data", cfg.path)
 
 
 def check_inputs_unchanged(cfg: ExperimentConfig, dataset_dir: Path) -> None:
@@ -118,6 +119,21 @@ def check_methods_against_dataset(model: Any, dataset_dir: Path) -> None:
     meta = read_meta(dataset_dir)  # a damaged meta.json is named, not a traceback
     for method in model.methods:
         method.check_dataset(meta)
+
+
+def check_fields_stored(cfg: ExperimentConfig, model: Any, data: Any) -> None:
+    """Refuse, before a run folder is made, a method whose structure (trees, scenes) the dataset
+    does not store: otherwise the first batch fails, naming neither the method nor the config."""
+    from structnmt.data.structures import stored_arrays_for
+
+    for i, method in enumerate(model.methods):
+        for side, fields in method.needs.items():
+            missing = sorted(stored_arrays_for(fields) - set(data.fields(side)))
+            if missing:
+                source = "data.{0}.scenes" if {"scene_mask", "scene_dist"} & set(fields) else "data.{0}.parser"
+                raise ConfigError(f"{method.p.name} reads {', '.join(sorted(fields))} on the {side} side, which "
+                                  f"{data.path} does not store ({', '.join(missing)} missing): prepare the dataset "
+                                  f"with {source.format(side)} set", f"model.methods[{i}]", cfg.path)
 
 
 def check_conventions(model: Any, dataset_dir: Path) -> None:

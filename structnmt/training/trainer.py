@@ -65,6 +65,7 @@ from structnmt.training.checkpoint_policy import (
 from structnmt.training.checks import (
     check_conventions,
     check_dataset_matches_config,
+    check_fields_stored,
     check_inputs_unchanged,
     check_lengths,
     check_methods_against_dataset,
@@ -586,11 +587,12 @@ def train(cfg: ExperimentConfig, resume: bool = False,
         check_methods_against_dataset(model, Path(cfg.data.dir))
         warn_weak_german_trees(model, cfg)
         train_set = ParallelDataset(cfg.data.dir, cfg.data.train_split)
+        check_fields_stored(cfg, model, train_set)
         valid_dir = Path(cfg.data.dir) / cfg.data.valid_split
         if not valid_dir.is_dir() and (t.valid_every > 0 or t.early_stopping > 0):
             splits = sorted(p.name for p in Path(cfg.data.dir).iterdir() if p.is_dir() and not p.name.startswith("."))
             raise ConfigError(f"the dataset has no split {cfg.data.valid_split!r} to validate on "
-                              f"(splits: {', '.join(splits)})", "data.valid_split")
+                              f"(splits: {', '.join(splits)})", "data.valid_split", cfg.path)
         valid_set = ParallelDataset(cfg.data.dir, cfg.data.valid_split) if valid_dir.is_dir() else None
         for split in (train_set, valid_set):
             if split is not None:
