@@ -89,6 +89,18 @@ def _paths(values: Any, argument: str) -> list[Path]:
     return [_path(value, f"{argument}[{i}]") for i, value in enumerate(values)]  # type: ignore[misc]
 
 
+def check_count(value: Any, argument: str, least: int, note: str = "") -> None:
+    """An integer argument of at least ``least``, or a :class:`ConfigError` naming it."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"expected an integer, got {value!r}", argument)
+    if value < least:
+        raise ConfigError(f"must be at least {least}, got {value}{note}", argument)
+
+
+#: what ``long_dependency`` 0 means, said where a negative one is refused
+LONG_DEPENDENCY_OFF = " (0 turns the long-dependency sets off)"
+
+
 def _config(config: ConfigLike, overrides: Overrides = None) -> ExperimentConfig:
     """A checked config from a path or an :class:`ExperimentConfig` (with ``overrides`` applied)."""
     if isinstance(config, (str, Path)):
@@ -191,7 +203,20 @@ def average(checkpoints: Sequence[str | Path], out: str | Path, across_runs: boo
     if not paths:
         raise ConfigError("no checkpoint to average", "checkpoints")
     target = check_output_path(_path(out, "out"), "--out")  # type: ignore[arg-type]
+    for n, path in enumerate(paths):
+        if _same_path(path, target):
+            raise ConfigError(f"{target} is also checkpoint {n + 1} to average: it would be replaced; "
+                              "choose another output", "--out")
+        if any(_same_path(path, earlier) for earlier in paths[:n]):  # it would count twice in the mean
+            raise ConfigError(f"{path} is given more than once: give each checkpoint once", "checkpoints")
     return write_averaged_checkpoint(paths, target, across_runs)  # type: ignore[arg-type]
+
+
+def _same_path(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the same path once resolved, or the same inode (a hard link)."""
+    from structnmt.io import same_file
+
+    return a.resolve() == b.resolve() or same_file(a, b)
 
 
 def export_ctranslate2(checkpoint: str | Path, out_dir: str | Path, dataset: str | Path | None = None,
@@ -259,27 +284,32 @@ def test(run: str | Path, checkpoint: str | Path | None = None, splits: Sequence
     """
     from structnmt.evaluation.run_eval import evaluate_run
 
+    check_count(long_dependency, "long_dependency", 0, LONG_DEPENDENCY_OFF)
     if isinstance(splits, str):
         splits = [splits]
+    if splits is not None and (not isinstance(splits, Sequence) or not all(isinstance(s, str) for s in splits)):
+        raise ConfigError(f"expected a split name or a list of them, got {splits!r}", "splits")
     return evaluate_run(_path(run, "run"), _path(checkpoint, "checkpoint", optional=True),  # type: ignore[arg-type]
                         list(splits) if splits else None, device, beam,
                         quiet=not verbose, long_dependency=long_dependency)
 
 
 def evaluate(hypotheses: str | Path | Sequence[str], references: str | Path | Sequence[Any],
-             metrics: Sequence[str] = ("bleu", "chrf"), tokenize: str | None = None,
+             metrics: str | Sequence[str] = ("bleu", "chrf"), tokenize: str | None = None,
              allow_empty: bool = False) -> dict[str, Any]:
     """sacreBLEU scores of detokenised hypotheses (``structnmt evaluate``).
 
-    ``hypotheses`` and ``references`` are files (``str`` or ``Path``) or lists of sentences;
-    several references are a list of ``Path`` objects or of sentence lists. ``metrics`` from
-    ``bleu``, ``chrf``, ``ter``, ``ribes``. Returns ``{"bleu": 34.1, ..., "signature": {"bleu": ...}}``.
-    An empty hypothesis is refused unless ``allow_empty``.
+    ``hypotheses`` and ``references`` are files (``str`` or ``Path``; ``-`` is standard input)
+    or lists of sentences; several references are a list of ``Path`` objects or of sentence
+    lists. ``metrics``: one or a list of ``bleu``, ``chrf``, ``ter``, ``ribes``. Returns
+    ``{"bleu": 34.1, ..., "signature": {"bleu": ...}}``. An empty hypothesis is refused unless ``allow_empty``.
     """
-    from structnmt.evaluation.scores import corpus_scores, read_parallel
+    from structnmt.evaluation.scores import check_metrics, check_tokenize, corpus_scores, read_parallel
 
+    chosen = check_metrics(metrics)  # settings before the files: a typo costs no reading
+    check_tokenize(tokenize)
     hyps, refs = read_parallel(hypotheses, references, allow_empty=allow_empty)
-    return corpus_scores(hyps, refs, metrics=tuple(metrics), tokenize=tokenize)
+    return corpus_scores(hyps, refs, metrics=chosen, tokenize=tokenize)
 
 
 # ---------------------------------------------------------------------------
@@ -295,6 +325,7 @@ def report(runs: Sequence[str | Path], baseline: str | None = None, test_sets: S
     from structnmt.evaluation.report import build_report
     from structnmt.io import check_output_path
 
+    check_count(samples, "samples", 1)
     if out:  # before the bootstrap, not after it
         check_output_path(out, "--out")
     if plots:

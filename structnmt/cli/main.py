@@ -146,12 +146,19 @@ def _check_beams(args: argparse.Namespace) -> None:
 
 def cmd_test(args: argparse.Namespace) -> int:
     _check_beams(args)
+    api.check_count(args.long_dependency, "--long-dependency", 0, api.LONG_DEPENDENCY_OFF)
     api.test(args.run, args.checkpoint, args.splits, args.beam, args.device, long_dependency=args.long_dependency,
              verbose=True)
     return 0
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    from structnmt.evaluation.scores import STDIN, check_tokenize
+
+    check_tokenize(args.tokenize, "--tokenize")  # named as typed, before the files are read
+    if [args.hyp, *args.ref].count(STDIN) > 1:
+        raise ConfigError("standard input ('-') can be read only once: give a file to all but one of "
+                          "--hyp and --ref", "--ref")
     scores = api.evaluate(Path(args.hyp), [Path(r) for r in args.ref], metrics=args.metrics, tokenize=args.tokenize,
                           allow_empty=args.allow_empty)
     for name in args.metrics:
@@ -171,6 +178,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
+    api.check_count(args.samples, "--samples", 1)
     text = api.report(args.runs, args.baseline, args.test_sets, args.out, samples=args.samples, plots=args.plots)
     print(text if not args.out else f"report written to {args.out}")
     if args.plots:
@@ -385,8 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.set_defaults(func=cmd_test)
 
     s = sub.add_parser("evaluate", help="score detokenised hypotheses with sacreBLEU")
-    s.add_argument("--hyp", required=True)
-    s.add_argument("--ref", required=True, action="append")
+    s.add_argument("--hyp", required=True, help="hypothesis file ('-': standard input)")
+    s.add_argument("--ref", required=True, action="append", help="reference file, one per --ref ('-': standard input)")
     s.add_argument("--metrics", nargs="+", default=["bleu", "chrf"], choices=["bleu", "chrf", "ter"])
     s.add_argument("--tokenize", help="sacreBLEU tokeniser (default: 13a)")
     s.add_argument("--allow-empty", action="store_true", help="accept empty hypothesis lines")

@@ -68,6 +68,10 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
     settings = translator.decoding(**changes)
     meta = json.loads((translator.dataset_dir / "meta.json").read_text(encoding="utf-8"))
     names = splits or [s for s in meta["splits"] if s not in (cfg.data.train_split, cfg.data.valid_split)]
+    if not names:  # scoring nothing and exiting 0 would pass for a tested run
+        raise DataError(f"no test split to translate: the dataset has only {', '.join(map(repr, meta['splits']))} "
+                        "(the training and validation splits are not tested); add a test split to data.splits "
+                        "and prepare again, or name the splits to score (--splits)", translator.dataset_dir)
     results = {}
     for split in names:
         data = ParallelDataset(translator.dataset_dir, split)

@@ -9,6 +9,7 @@ References follow sacreBLEU's layout: ``refs[k][n]`` is line ``n`` of reference 
 from __future__ import annotations
 
 import codecs
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -18,18 +19,25 @@ from sacrebleu.metrics import BLEU, CHRF, TER
 from structnmt.errors import ConfigError, DataError
 
 METRICS = ("bleu", "chrf", "ter", "ribes")
+#: the file name that stands for standard input, as in ``translate --input -``
+STDIN = "-"
+
+
+def _shown(path: str | Path) -> str | Path:
+    """A file as errors name it: ``-`` is standard input."""
+    return "<stdin>" if str(path) == STDIN else path
 
 
 def read_text(path: str | Path) -> list[str]:
-    """Read a one-sentence-a-line UTF-8 file strictly.
+    """Read a one-sentence-a-line UTF-8 file (``-``: standard input) strictly.
 
     Lines are split on ``\\n`` only (never on Unicode line separators, which can occur inside
     a sentence and would shift every later line); a trailing ``\\r`` is removed. An undecodable
     line raises :class:`DataError` with its 1-based number instead of being replaced silently.
     """
-    path = Path(path)
+    path = _shown(path)
     try:
-        data = path.read_bytes()
+        data = sys.stdin.buffer.read() if path == "<stdin>" else Path(path).read_bytes()
     except FileNotFoundError:
         raise DataError("file not found", path) from None
     except IsADirectoryError:
@@ -55,7 +63,7 @@ Text = str | Path | Sequence[str]
 def _read(text: Text, name: str) -> tuple[list[str], str | Path]:
     """(lines, what to call them in errors)."""
     if isinstance(text, (str, Path)):
-        return read_text(text), text
+        return read_text(text), _shown(text)
     if not _sentences(text):
         raise ConfigError(f"expected a file (str or pathlib.Path) or a list of sentences (str), got "
                           f"{_kind(text)}", name)
@@ -88,7 +96,7 @@ def read_parallel(
     without any visible sign; so it is an error unless ``allow_empty=True``.
     """
     hyps, _ = _read(hypotheses, "hypotheses")
-    where = hypotheses if isinstance(hypotheses, (str, Path)) else None  # errors name the file, if any
+    where = _shown(hypotheses) if isinstance(hypotheses, (str, Path)) else None  # errors name the file, if any
     if not isinstance(references, (str, Path)) and (not isinstance(references, Sequence)
                                                     or isinstance(references, (bytes, bytearray))):
         raise ConfigError(f"expected a file (str or pathlib.Path), a list of sentences or a list of either, got "
@@ -99,6 +107,10 @@ def read_parallel(
         streams = list(references)
     if not streams:
         raise DataError("no reference given", where)
+    files = [hypotheses, *streams]
+    if sum(isinstance(f, (str, Path)) and str(f) == STDIN for f in files) > 1:  # it can be read only once
+        raise ConfigError("standard input ('-') given more than once: only one of the hypotheses and "
+                          "references can be read from it", "references")
     refs = []
     for k, stream in enumerate(streams, start=1):
         if not isinstance(stream, (str, Path)) and not _sentences(stream):
@@ -114,8 +126,8 @@ def read_parallel(
     if not allow_empty:
         for number, hyp in enumerate(hyps, start=1):
             if not hyp.strip():
-                raise DataError("empty hypothesis line (pass allow_empty=True if that is intended)",
-                                where or "hypotheses", number)
+                raise DataError("empty hypothesis line (if that is intended: --allow-empty on the command line, "
+                                "allow_empty=True from Python)", where or "hypotheses", number)
     return hyps, refs
 
 
@@ -128,15 +140,51 @@ def check_parallel(
     return read_parallel(Path(hyp_path), [Path(r) for r in ref_paths], allow_empty=allow_empty)
 
 
+def check_metrics(metrics: object, where: str = "metrics") -> tuple[str, ...]:
+    """``metrics`` as a tuple of known names; one string is one metric, not a sequence of letters."""
+    if isinstance(metrics, str):
+        metrics = (metrics,)
+    if not isinstance(metrics, Sequence) or not all(isinstance(m, str) for m in metrics):
+        raise ConfigError(f"expected a metric name or a list of them (known: {', '.join(METRICS)}), "
+                          f"got {metrics!r}", where)
+    unknown = [m for m in metrics if m not in METRICS]
+    if unknown or not metrics:
+        what = f"unknown metric(s) {', '.join(map(repr, unknown))}" if unknown else "no metric given"
+        raise ConfigError(f"{what} (known: {', '.join(METRICS)})", where)
+    return tuple(metrics)
+
+
+def _bleu(tokenize: object, trg_lang: str = "", where: str = "tokenize") -> BLEU:
+    """sacreBLEU's BLEU with ``tokenize``; what sacreBLEU raises for a tokeniser it cannot use, as one line."""
+    known = BLEU.TOKENIZERS
+    if tokenize is not None and (not isinstance(tokenize, str) or tokenize not in known):  # a bare KeyError
+        raise ConfigError(f"unknown sacreBLEU tokeniser {tokenize!r} (known: {', '.join(known)})", where)
+    try:
+        return BLEU(tokenize=tokenize, trg_lang=trg_lang)  # type: ignore[arg-type]
+    except RuntimeError as err:  # MeCab and its dictionary are extras: sacreBLEU says how to install them
+        install = [line.strip() for line in str(err).splitlines() if line.strip().startswith("pip install")]
+        raise ConfigError(f"tokeniser {tokenize!r} needs packages that are not installed"
+                          + (f": {install[0]}" if install else f" ({' '.join(str(err).split())})"), where) from None
+    except OSError as err:  # the SentencePiece tokenisers download their model on first use
+        raise ConfigError(f"tokeniser {tokenize!r}: sacreBLEU could not fetch its SentencePiece model ({err})",
+                          where) from None
+
+
+def check_tokenize(tokenize: object, where: str = "tokenize") -> None:
+    """Refuse, before any work, a BLEU tokeniser that sacreBLEU does not know or cannot use here."""
+    if tokenize is not None:
+        _bleu(tokenize, where=where)
+
+
 def make_metric(name: str, tokenize: str | None = None, trg_lang: str = "") -> BLEU | CHRF | TER:
     """The sacreBLEU metric object for ``name`` with the project's (sacreBLEU default) settings."""
     if name == "bleu":
-        return BLEU(tokenize=tokenize, trg_lang=trg_lang)
+        return _bleu(tokenize, trg_lang)
     if name == "chrf":
         return CHRF()
     if name == "ter":
         return TER()
-    raise ValueError(f"unknown sacreBLEU metric {name!r} (known: bleu, chrf, ter)")
+    raise ConfigError(f"unknown sacreBLEU metric {name!r} (known: bleu, chrf, ter)", "metric")
 
 
 def _check_refs(hyps: Sequence[str], refs: Sequence[Sequence[str]]) -> None:
@@ -181,9 +229,7 @@ def corpus_scores(
     often the brevity penalty, not the words.
     """
     _check_refs(hyps, refs)
-    unknown = [m for m in metrics if m not in METRICS]
-    if unknown:
-        raise ValueError(f"unknown metric(s) {unknown} (known: {', '.join(METRICS)})")
+    metrics = check_metrics(metrics)
     result: dict[str, Any] = {"signature": {}}
     for name in metrics:
         if name == "ribes":
