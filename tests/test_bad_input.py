@@ -458,6 +458,43 @@ def test_a_method_whose_trees_the_dataset_lacks_is_refused_before_a_run_folder_i
         assert message == f"{config}: data.valid_split: 'dev' is not one of data.splits (train)"
 
 
+def test_paths_of_the_wrong_kind_are_named_as_such(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    (tmp_path / "folder").mkdir()
+    config = experiment(tmp_path, data={"splits": {"train": {"src": str(tmp_path / "folder"),
+                                                             "tgt": str(tmp_path / "train.de")}}})
+    assert failing(capsys, "prepare", str(config)) == f"{tmp_path / 'folder'}: is a directory, not a text file"
+    config = experiment(tmp_path)
+    assert cli(capsys, "prepare", str(config))[0] == 0
+    (tmp_path / "afile").write_text("mine\n")
+    message = failing(capsys, "train", str(config), "--set", f"training.out_dir={tmp_path / 'afile'}")
+    assert message == f"training.out_dir: {tmp_path / 'afile'} is not a directory; give a directory name"
+    assert (tmp_path / "afile").read_text() == "mine\n"
+
+
+def test_a_model_that_parses_its_input_with_stored_conllu_says_it_cannot_translate_new_text(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    config = experiment(tmp_path)
+    assert cli(capsys, "train", str(config), "--prepare", "--set", "model.methods=[{name: pascal}]",
+               "--set", "training.valid_every=0")[0] == 0
+    (tmp_path / "in.txt").write_text("The dog sees a cat.\n")
+    message = failing(capsys, "translate", "--checkpoint", str(tmp_path / "run" / "last.pt"),
+                      "--input", str(tmp_path / "in.txt"), "--output", str(tmp_path / "out.txt"))
+    assert message.startswith("data.src.parser.backend: the model reads source trees when it translates, and the "
+                              "dataset's trees came from stored CoNLL-U files, which cannot parse new text")
+    assert not (tmp_path / "out.txt").exists()
+
+
+def test_output_dash_is_standard_output(tmp_path: Path, capsys: pytest.CaptureFixture,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    config = experiment(tmp_path)
+    assert cli(capsys, "train", str(config), "--prepare", "--set", "training.valid_every=0")[0] == 0
+    (tmp_path / "in.txt").write_text("The dog sees a cat.\nThe cat sees a dog.\n")
+    monkeypatch.chdir(tmp_path)
+    code, out, _ = cli(capsys, "translate", "--checkpoint", "run/last.pt", "--input", "in.txt", "--output", "-")
+    assert code == 0 and len(out.splitlines()) == 2
+    assert not (tmp_path / "-").exists()
+
+
 def test_vocabulary_too_small_for_the_alphabet(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     config = experiment(tmp_path, data={"subwords": {"vocab_size": 16}})
     message = failing(capsys, "prepare", str(config))

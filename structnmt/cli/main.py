@@ -104,6 +104,8 @@ def _read_input(path: str | None) -> list[str]:
 def cmd_translate(args: argparse.Namespace) -> int:
     from structnmt.io import atomic_open, check_output_path, output_error, same_file
 
+    if args.output == "-":  # as for --input: the standard stream, not a file named "-"
+        args.output = None
     if args.output and args.input not in (None, "-") and same_file(args.input, args.output):
         raise ConfigError(f"{args.output} is the input file: translating would replace it; "
                           "choose another output", "--output")
@@ -377,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("translate", help="translate a file or standard input")
     s.add_argument("--checkpoint", required=True)
     s.add_argument("--input", help="raw source text, one sentence a line (default: standard input)")
-    s.add_argument("--output", help="default: standard output")
+    s.add_argument("--output", help="default (or '-'): standard output")
     s.add_argument("--dataset", help="dataset directory (default: the one the model was trained on)")
     decoding_options(s)
     s.set_defaults(func=cmd_translate)

@@ -62,8 +62,10 @@ def iter_raw(path: str | Path, drop_bad_lines: bool = False) -> Iterator[str | N
     long the file.
     """
     path = Path(path)
-    if not path.exists() or path.is_dir():  # exists(): pipes such as /dev/stdin are not "files"
+    if not path.exists():  # exists(): pipes such as /dev/stdin are not "files"
         raise DataError("file not found", path)
+    if path.is_dir():
+        raise DataError("is a directory, not a text file", path)
     try:
         with _open_bytes(path) as handle:
             for number, raw in enumerate(handle, start=1):

@@ -53,6 +53,7 @@ from torch import nn
 from structnmt.config import ExperimentConfig, TrainingConfig, to_dict, with_overrides
 from structnmt.data.batch import Batch
 from structnmt.errors import CheckpointError, ConfigError, DataError
+from structnmt.io import OutputError
 from structnmt.locks import DirectoryLock
 from structnmt.training import distributed as D
 from structnmt.training.checkpoint import dataset_fingerprint, load_checkpoint
@@ -567,6 +568,8 @@ def train(cfg: ExperimentConfig, resume: bool = False,
     if cfg.data is None:
         raise ConfigError("training needs a data section naming the prepared dataset (data.dir)", "data")
     t = cfg.training
+    if Path(t.out_dir).exists() and not Path(t.out_dir).is_dir():  # one line before any work, not "File exists"
+        raise OutputError(f"training.out_dir: {t.out_dir} is not a directory; give a directory name")
     if t.threads > 0:
         torch.set_num_threads(t.threads)
     if t.deterministic:

@@ -37,6 +37,11 @@ def make_parser(cfg: ParserConfig, split: str, processes: int = 1, where: str = 
     if cfg.backend == "conllu":
         from structnmt.data.parsing.conllu_backend import ConlluParser
 
+        if split == "translate" and split not in cfg.conllu:  # the input of `structnmt translate`
+            raise ConfigError("the model reads source trees when it translates, and the dataset's trees came from "
+                              "stored CoNLL-U files, which cannot parse new text: prepare the data with a parser "
+                              "(spacy, stanza or udpipe), or score the dataset's own splits with `structnmt test`",
+                              f"{where}.backend")
         if split not in cfg.conllu:
             raise ConfigError(f"no CoNLL-U file for split {split!r} (have: {sorted(cfg.conllu)})",
                               f"{where}.conllu")
