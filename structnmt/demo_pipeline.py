@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import sys
 import threading
@@ -61,10 +62,18 @@ def run_demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 
     started = time.perf_counter()
     from structnmt.errors import ConfigError
 
-    if steps < 1:
-        raise ConfigError(f"must be at least 1, got {steps}", "--steps")
+    # checked before the work directory is touched: a size of 0 only failed in `prepare`, naming
+    # the demo's own empty data/train.src, and a negative seed deep in NumPy with a traceback
+    for option, value, least in (("--steps", steps, 1), ("--train-size", train_size, 1),
+                                 ("valid_size", valid_size, 1), ("test_size", test_size, 1), ("--seed", seed, 0)):
+        if value < least:
+            raise ConfigError(f"must be at least {least}, got {value}", option)
+    if seed >= 2**32:  # NumPy's and the trainer's seeds are 32-bit
+        raise ConfigError(f"must be below 2**32, got {seed}", "--seed")
     if minutes < 0:
         raise ConfigError(f"must not be negative, got {minutes}", "--minutes")
+    if not math.isfinite(minutes):
+        raise ConfigError(f"must be a finite number (0: no limit), got {minutes}", "--minutes")
     overrides = dict(overrides or {})
     raw = demo_config(work, minutes)
     raw["training"]["seed"] = seed

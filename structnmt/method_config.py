@@ -51,6 +51,26 @@ def resolve_heads(heads: list[int] | int | str, n_heads: int) -> list[int]:
     return list(heads)  # type: ignore[arg-type]
 
 
+def check_heads(heads: list[int] | int | str, n_heads: int, field: str) -> None:
+    """Every head ``heads`` asks for exists in a model of ``n_heads``; the error says what was
+    asked and what the model has (a count past it read as "head 2 is outside 0..1", naming a head
+    nobody wrote)."""
+    if isinstance(heads, int):
+        if heads < 1:
+            raise ConfigError(f"a count of heads must be at least 1, got {heads}", field)
+        if heads > n_heads:
+            raise ConfigError(f"{heads} heads asked (the first {heads}), the model has {n_heads} (model.n_heads)",
+                              field)
+        return
+    listed = resolve_heads(heads, n_heads)
+    if not listed:
+        raise ConfigError("name at least one head", field)
+    for head in listed:
+        if not 0 <= head < n_heads:
+            raise ConfigError(f"head {head} is outside 0..{n_heads - 1}: the model has {n_heads} heads "
+                              "(model.n_heads), numbered from 0", field)
+
+
 @dataclass
 class MethodParams:
     """Where a method acts. Every method's parameter dataclass extends this one.
@@ -112,12 +132,7 @@ class MethodParams:
                 if not 1 <= layer <= depths[stack]:
                     raise ConfigError(f"layer {layer} is outside the {stack}'s layers 1..{depths[stack]}",
                                       f"{where}.layers")
-        heads = self.head_list(model.n_heads)
-        if not heads:
-            raise ConfigError("name at least one head", f"{where}.heads")
-        for head in heads:
-            if not 0 <= head < model.n_heads:
-                raise ConfigError(f"head {head} is outside 0..{model.n_heads - 1}", f"{where}.heads")
+        check_heads(self.heads, model.n_heads, f"{where}.heads")
 
     # -- the entry as written ------------------------------------------------
     def entry(self) -> dict[str, Any]:

@@ -228,7 +228,9 @@ def cmd_parser_evaluate(args: argparse.Namespace) -> int:
 
 
 def cmd_inspect(args: argparse.Namespace) -> int:
-    out = Path(args.out or Path(args.run) / "inspect")
+    from structnmt.evaluation.inspect_run import inspect_out_dir
+
+    out = inspect_out_dir(args.run, args.out)  # RUN first: --out defaults to a folder inside it
     _output_dir(out, "--out")
     scores = api.inspect(args.run, args.what, args.checkpoint, args.split, args.side, args.layer, args.gold,
                          args.gold_format, args.boundary, args.dataset, out, args.device, args.conllu, args.src,
@@ -504,7 +506,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--src", help="align: source sentences of --gold (with --tgt); trees --side tgt: the sources")
     s.add_argument("--tgt", help="align: target sentences of --gold (with --src)")
     s.add_argument("--dataset")
-    s.add_argument("--out", help="default: RUN/inspect")
+    s.add_argument("--out", metavar="DIR", help="directory for the outputs: SPLIT.WHAT.json (the scores) and what "
+                                                "was read out (default: RUN/inspect)")
     s.add_argument("--device", default="cpu")
     s.set_defaults(func=cmd_inspect)
 

@@ -149,6 +149,7 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
 
     clock = time.perf_counter()
     pre = Preprocessor(data, {}, cache_dir=cache_dir, task_tag=task_tag(data))
+    _check_parse_counts(data, pre, splits, say)
     sample_dir = work / "sample"
     files, sampled = _write_sample(data, pre, train["kept"], sample_dir, verbose)
     seconds["sample"] = time.perf_counter() - clock
@@ -208,6 +209,26 @@ def _long_line_warning(lines: list[int], max_len: int, path: str) -> str | None:
     return (f"{len(lines)} pairs longer than data.clean.max_len ({max_len} words) are kept (evaluation splits "
             f"are never filtered): lines {shown} of {path}; the model's own limit (model.max_positions sub-words) "
             "is not known here and is checked when translating")
+
+
+def _check_parse_counts(data: DataConfig, pre: Preprocessor, splits: dict[str, dict], say) -> None:
+    """Refuse a CoNLL-U file with more sentences than its split has lines, as one with fewer is
+    refused (or, with ``data.clean.drop_bad_lines``, say so and ignore the extra ones, as lines
+    without a parse are dropped): encoding only looks sentences up by line, so it never sees them."""
+    from structnmt.data.parsing.conllu_backend import ConlluParser
+
+    for split, files in data.splits.items():
+        for side in SIDES:
+            cfg = getattr(data, side).parser
+            if cfg.backend != "conllu" or split not in cfg.conllu:
+                continue
+            parser = pre.parser(side, split)
+            assert isinstance(parser, ConlluParser)
+            error = parser.extra_sentences(splits[split]["lines"], split_paths(files)[side])
+            if error is not None and not data.clean.drop_bad_lines:
+                raise error
+            if error is not None:
+                say(f"{split}: warning: {error}; the extra sentences are ignored (data.clean.drop_bad_lines)")
 
 
 def _write_sample(data: DataConfig, pre: Preprocessor, kept: int, directory: Path,

@@ -172,6 +172,24 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
     return scores
 
 
+def inspect_out_dir(run: str | Path, out: str | Path | None) -> Path:
+    """The directory an inspection writes into (``out``, default ``RUN/inspect``), after
+    refusing a ``run`` that is a file (a checkpoint given for its folder) and an ``out`` named
+    like a file: ``out`` holds several outputs, and ``heads.json`` would become a directory."""
+    run = Path(run)
+    if run.is_file():
+        raise ConfigError(f"{run} is a file, not a run directory (give the run folder, e.g. {run.parent}; "
+                          "--checkpoint names a checkpoint)", "RUN")
+    if out is None:
+        return run / "inspect"
+    out_dir = Path(out)
+    if out_dir.suffix in (".json", ".jsonl") and not out_dir.is_dir():
+        raise ConfigError(f"{out} is a file name, but --out is the directory the outputs go to (the scores as "
+                          f"SPLIT.WHAT.json, beside what was read out); give a directory, e.g. "
+                          f"{out_dir.parent / out_dir.stem}", "--out")
+    return out_dir
+
+
 def inspect_run(run: str | Path, what: str, checkpoint: str | Path | None = None, split: str = "test",
                 side: str = "src", layer: int | None = None, gold: str | Path | None = None,
                 gold_format: GoldFormat = "auto", boundary: str = "auto", dataset: str | Path | None = None,
@@ -191,6 +209,7 @@ def inspect_run(run: str | Path, what: str, checkpoint: str | Path | None = None
 
     if what not in ("trees", "phrases", "align", "heads"):
         raise ConfigError(f"unknown analysis {what!r} (trees, phrases, align or heads)", "what")
+    out_dir = inspect_out_dir(run, out)
     run = Path(run)
     translator = load_translator(run_checkpoint(run, checkpoint), device, dataset)
     model = translator.model
@@ -198,7 +217,6 @@ def inspect_run(run: str | Path, what: str, checkpoint: str | Path | None = None
     depth = model.cfg.dec_layers if stack == "decoder" else model.cfg.enc_layers
     if layer is not None and not 1 <= layer <= depth:
         raise ConfigError(f"layer {layer} is outside the {stack}'s layers 1..{depth}", "layer")
-    out_dir = Path(out) if out is not None else run / "inspect"
     layer0 = None if layer is None else layer - 1
     if what == "trees" and conllu is not None:
         from structnmt.evaluation.inspect_gold import inspect_trees_gold
@@ -216,6 +234,6 @@ def inspect_run(run: str | Path, what: str, checkpoint: str | Path | None = None
     if parser_uas or parser is not None or without_src:
         raise ConfigError("--parser-uas, --parser and --without-src go with trees --conllu GOLD", what)
     data = ParallelDataset(translator.dataset_dir, split)
-    return inspect_split(model, data, what, Path(out) if out is not None else run / "inspect", side=side,
+    return inspect_split(model, data, what, out_dir, side=side,
                          layer=None if layer is None else layer - 1, gold=None if gold is None else str(gold),
                          boundary=boundary, gold_format=gold_format)

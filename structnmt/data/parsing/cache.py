@@ -45,6 +45,9 @@ BUSY_TIMEOUT = 600.0
 #: a trees file keys each tree by the first 8 bytes of its sentence's SHA-256: the keys are most
 #: of the file, and 64 bits keep 32k sentences apart with odds of a clash below 1e-10
 TREES_FILE_KEY_BYTES = 8
+#: the first bytes of every gzip file, and the size of the smallest (a header, an empty stream, a trailer)
+GZIP_MAGIC = b"\x1f\x8b"
+GZIP_MIN_BYTES = 20
 
 
 def text_key(text: str) -> bytes:
@@ -280,6 +283,13 @@ def import_trees(file: str | Path, cache_dir: str | Path, sha256: str | None = N
     if sha256 is not None and digest != sha256.lower():
         raise DataError(f"SHA-256 {digest} is not the expected {sha256}: another or a damaged file", file)
     by_side: dict[str, tuple[dict, list[tuple[bytes, str]]]] = {}  # side -> (header, trees)
+    with file.open("rb") as raw:
+        head = raw.read(GZIP_MIN_BYTES)
+    # gzip reads an empty file as no lines, and a file cut inside its header as "not gzipped":
+    # both are a file cut short (a copy that stopped), not a trees file without trees
+    if len(head) < GZIP_MIN_BYTES and GZIP_MAGIC.startswith(head[:2]):
+        raise DataError(f"truncated: not a complete gzip file ({len(head)} byte{'s' * (len(head) != 1)}, where "
+                        f"a gzip file has at least {GZIP_MIN_BYTES}); copy it again", file)
     try:
         with gzip.open(file, "rt", encoding="utf-8") as lines:
             for number, text in enumerate(lines, start=1):
@@ -295,7 +305,10 @@ def import_trees(file: str | Path, cache_dir: str | Path, sha256: str | None = N
                                                      json.dumps(item["tree"], ensure_ascii=False)))
                 else:
                     raise DataError("a tree before its side's header line", file, number)
-    except (OSError, EOFError, ValueError, KeyError, TypeError) as err:
+    except EOFError:
+        raise DataError("truncated: not a complete gzip file (its compressed stream stops before its end, "
+                        f"after {file.stat().st_size} bytes); copy it again", file) from None
+    except (OSError, ValueError, KeyError, TypeError) as err:
         raise DataError(f"not a structnmt trees file ({type(err).__name__}: {err})", file) from None
     if not by_side:
         raise DataError("the file holds no trees", file)

@@ -93,6 +93,15 @@ class ConlluParser:
             trees.append(self.sentence_tree(block, text, start))
         return trees
 
+    def extra_sentences(self, lines: int, text_file: str | Path) -> DataError | None:
+        """The error for sentences past the text's ``lines`` lines (``parse`` never reads them,
+        and they mean the parses and the lines do not match), or None when there are none."""
+        if len(self.blocks) <= lines:
+            return None
+        return DataError(f"sentence {lines + 1} starts here, but the text {text_file} has only {lines} lines "
+                         f"(the file has {len(self.blocks)} sentences, one per line is expected)",
+                         self.path, self.blocks[lines][0])
+
     def sentence_tree(self, block: str, text: str, line: int) -> DepTree:
         # the conllu library reads short rows leniently (missing columns become missing keys),
         # so count the columns first and name the very line

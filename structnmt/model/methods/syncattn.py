@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from structnmt.errors import ConfigError
-from structnmt.method_config import resolve_heads
+from structnmt.method_config import check_heads, resolve_heads
 from structnmt.model.methods.base import RecordKey, register
 from structnmt.model.methods.dbsa import DBSA, DBSAParams
 from structnmt.model.methods.shared import at_least_float32
@@ -49,9 +49,7 @@ class SyncAttnParams(DBSAParams):
         if not 1 <= self.synchronised_layer(model.dec_layers) <= model.dec_layers:
             raise ConfigError(f"layer {self.sync_layer} is outside the decoder's layers 1..{model.dec_layers}",
                               f"{where}.sync_layer")
-        heads = resolve_heads(self.sync_heads, model.n_heads)
-        if not heads or not all(0 <= h < model.n_heads for h in heads):
-            raise ConfigError(f"heads must lie in 0..{model.n_heads - 1}", f"{where}.sync_heads")
+        check_heads(self.sync_heads, model.n_heads, f"{where}.sync_heads")
 
     def synchronised_layer(self, dec_layers: int) -> int:
         return self.sync_layer if self.sync_layer is not None else max(1, dec_layers - 1)
