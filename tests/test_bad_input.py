@@ -493,6 +493,12 @@ def test_output_dash_is_standard_output(tmp_path: Path, capsys: pytest.CaptureFi
     code, out, _ = cli(capsys, "translate", "--checkpoint", "run/last.pt", "--input", "in.txt", "--output", "-")
     assert code == 0 and len(out.splitlines()) == 2
     assert not (tmp_path / "-").exists()
+    # a control character cannot be dropped there (line n of the output is line n of the input)
+    (tmp_path / "nul.txt").write_bytes(b"The dog sees a cat.\nThe cat\x00 sees.\n")
+    message = failing(capsys, "translate", "--checkpoint", "run/last.pt", "--input", "nul.txt", "--output", "o.txt")
+    assert message == ("nul.txt:2: control character U+0000 in the line (remove it from the input: translate "
+                       "writes one output line for each input line)")
+    assert not (tmp_path / "o.txt").exists()
 
 
 def test_vocabulary_too_small_for_the_alphabet(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

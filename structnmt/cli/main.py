@@ -93,10 +93,12 @@ def _read_input(path: str | None) -> list[str]:
     control characters refused), so that output line n always translates input line n."""
     from structnmt.data.corpus import read_lines
 
+    # output line n translates input line n, so a bad line cannot be dropped: it is to be mended
+    hint = "remove it from the input: translate writes one output line for each input line"
     if path not in (None, "-"):
-        return read_lines(path)
+        return read_lines(path, hint=hint)
     try:
-        return read_lines("/dev/stdin")
+        return read_lines("/dev/stdin", hint=hint)
     except DataError as err:  # name it as the user knows it
         raise DataError(str(err).replace("/dev/stdin", "<stdin>", 1)) from None
 

@@ -55,7 +55,11 @@ def _open_bytes(path: Path):
     return gzip.GzipFile(fileobj=raw, mode="rb") if raw.peek(2)[:2] == b"\x1f\x8b" else raw
 
 
-def iter_raw(path: str | Path, drop_bad_lines: bool = False) -> Iterator[str | None]:
+#: what a refused control character's message advises, where lines may be dropped
+DROP_HINT = "set data.clean.drop_bad_lines to drop such lines"
+
+
+def iter_raw(path: str | Path, drop_bad_lines: bool = False, hint: str = DROP_HINT) -> Iterator[str | None]:
     """Lines of a plain or gzip file (detected by its magic bytes, not its name), one at a time.
 
     None stands for a bad line that ``drop_bad_lines`` dropped; memory stays flat however
@@ -86,8 +90,7 @@ def iter_raw(path: str | Path, drop_bad_lines: bool = False) -> Iterator[str | N
                 if ch is not None:
                     if not drop_bad_lines:
                         raise DataError(
-                            f"control character U+{ord(ch):04X} in the line "
-                            "(set data.clean.drop_bad_lines to drop such lines)",
+                            f"control character U+{ord(ch):04X} in the line ({hint})",
                             path, number,
                         )
                     yield None
@@ -97,20 +100,20 @@ def iter_raw(path: str | Path, drop_bad_lines: bool = False) -> Iterator[str | N
         raise DataError(f"cannot read the file: {err}", path) from None
 
 
-def read_raw(path: str | Path, drop_bad_lines: bool = False) -> RawLines:
+def read_raw(path: str | Path, drop_bad_lines: bool = False, hint: str = DROP_HINT) -> RawLines:
     """All lines of a plain or gzip file (detected by its magic bytes, not its name)."""
-    out = RawLines(lines=list(iter_raw(path, drop_bad_lines)))
+    out = RawLines(lines=list(iter_raw(path, drop_bad_lines, hint)))
     out.bad = [number for number, line in enumerate(out.lines, start=1) if line is None]
     return out
 
 
-def read_lines(path: str | Path, drop_bad_lines: bool = False) -> list[str]:
+def read_lines(path: str | Path, drop_bad_lines: bool = False, hint: str = DROP_HINT) -> list[str]:
     """Lines of a plain or .gz file, strict UTF-8, trailing newline/CR removed.
 
     With ``drop_bad_lines`` undecodable or control-character lines are left out (use
-    :func:`read_raw` to know which).
+    :func:`read_raw` to know which); ``hint`` is what a refused control character's message advises.
     """
-    return [line for line in read_raw(path, drop_bad_lines).lines if line is not None]
+    return [line for line in read_raw(path, drop_bad_lines, hint).lines if line is not None]
 
 
 def _words(text: str) -> int:

@@ -91,12 +91,12 @@ def shorten_to_fit(pre: Preprocessor, text: str, limit: int) -> str:
     return words[0][:max(longest(len(words[0]), lambda k: words[0][:k]), 1)]
 
 
-def _warn_truncated(source: str | Path, truncated: list[int], limit: int) -> None:
+def _warn_truncated(source: str | Path, truncated: list[int], limit: int, note: str = "") -> None:
     if not truncated:
         return
     shown = ", ".join(str(n) for n in truncated[:10]) + (" ..." if len(truncated) > 10 else "")
     print(f"warning: {source}: {len(truncated)} line(s) longer than the model's {limit} source positions were "
-          f"translated from their first words only (lines {shown}); they are still scored", file=sys.stderr)
+          f"translated from their first words only (lines {shown}){note}", file=sys.stderr)
 
 
 def translate_lines(model: Transformer, pre: Preprocessor, lines: list[str], cfg: DecodingConfig,
@@ -168,7 +168,7 @@ def translate_split(model: Transformer, dataset: ParallelDataset, pre: Preproces
         raw = dataset.raw("src")
         examples = pre.encode_sources([shorten_to_fit(pre, raw[i], limit) for i in long.tolist()],
                                       with_structure=needs_trees)
-        _warn_truncated(dataset.path, [int(i) + 1 for i in long], limit)
+        _warn_truncated(dataset.path, [int(i) + 1 for i in long], limit, "; they are still scored")
         if truncated is not None:
             truncated.extend(int(i) + 1 for i in long)
 
