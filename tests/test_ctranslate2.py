@@ -63,6 +63,28 @@ def test_an_exported_vanilla_model_translates_as_structnmt_does(work):
     assert (work / "ct2_vanilla" / "model.bin").is_file()
     with pytest.raises(ConfigError, match="exists and is not empty"):
         api.export_ctranslate2(checkpoint, work / "ct2_vanilla")
+    assert api.export_ctranslate2(checkpoint, work / "ct2_vanilla", force=True) == work / "ct2_vanilla"
+
+
+def test_force_replaces_an_earlier_export_only(work, monkeypatch):
+    """--force replaces OUT_DIR whole: a run folder (the checkpoint itself), a user's files or
+    the directory the command runs in are refused before anything is read."""
+    checkpoint = _run(work, "vanilla_force", [], steps=2)
+    run = sorted(p.name for p in checkpoint.parent.iterdir())
+    with pytest.raises(ConfigError, match=r"holds files that are not a CTranslate2 model \(.*last\.pt.*\): --force "
+                                          "replaces only an earlier export"):
+        api.export_ctranslate2(checkpoint, checkpoint.parent, force=True)
+    assert sorted(p.name for p in checkpoint.parent.iterdir()) == run
+    (work / "mine").mkdir()
+    (work / "mine" / "notes.txt").write_text("keep me")
+    with pytest.raises(ConfigError, match=r"\(notes\.txt\)"):
+        api.export_ctranslate2(checkpoint, work / "mine", force=True)
+    assert (work / "mine" / "notes.txt").read_text() == "keep me"
+    (work / "here").mkdir()
+    monkeypatch.chdir(work / "here")
+    for out in (".", ".."):
+        with pytest.raises(ConfigError, match="is the current directory or holds it"):
+            api.export_ctranslate2(checkpoint, out, force=True)
 
 
 def test_dbsa_heads_fold_into_plain_attention(work):

@@ -153,15 +153,42 @@ def build_spec(model: Transformer, pieces: Sequence[str]) -> Any:
     return spec
 
 
+#: what an export writes: ``--force`` replaces a directory holding these and nothing else
+EXPORT_FILES = frozenset({"config.json", "model.bin", "shared_vocabulary.json", "shared_vocabulary.txt",
+                          "source_vocabulary.json", "source_vocabulary.txt", "target_vocabulary.json",
+                          "target_vocabulary.txt", "vocabulary.json", "vocabulary.txt"})
+
+
+def check_export_dir(out_dir: str | Path, force: bool) -> Path:
+    """The export's directory, made absolute, after refusing one whose replacement would lose
+    something: ``--force`` replaces the directory whole, so it may only replace an earlier export
+    (a run folder given as OUT_DIR held the checkpoint being exported), never the directory a
+    command runs in or one above it."""
+    out = Path(os.path.abspath(out_dir))
+    if out == Path.cwd() or out in Path.cwd().parents:
+        raise ConfigError(f"{out_dir} is the current directory or holds it: give a new directory for the model",
+                          "out_dir")
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"{out_dir} is a file, not a directory", "out_dir")
+    present = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if present and not force:
+        raise ConfigError(f"{out_dir} exists and is not empty (give another directory, or --force to replace "
+                          "an earlier export there)", "out_dir")
+    foreign = [name for name in present if name not in EXPORT_FILES]
+    if foreign:
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise ConfigError(f"{out_dir} holds files that are not a CTranslate2 model ({shown}): --force replaces "
+                          "only an earlier export, never other files; give another directory", "out_dir")
+    return out
+
+
 def export_ctranslate2(checkpoint: str | Path, out_dir: str | Path, dataset: str | Path | None = None,
                        quantization: str | None = None, force: bool = False) -> Path:
     """Write ``checkpoint``'s model as a CTranslate2 model directory (``model.bin``, vocabularies)."""
     from structnmt.decoding.translator import load_translator
 
     check_quantization(quantization)
-    out = Path(out_dir)
-    if out.exists() and any(out.iterdir()) and not force:
-        raise ConfigError(f"{out} exists and is not empty (give another directory, or --force)", "out_dir")
+    out = check_export_dir(out_dir, force)
     translator = load_translator(checkpoint, device="cpu", dataset=dataset)
     pre = translator.preprocessor
     if pre.subwords["src"].path != pre.subwords["tgt"].path:
