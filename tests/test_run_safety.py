@@ -101,6 +101,29 @@ def test_resume_with_a_changed_model_names_the_fields_in_one_line(data_dir, tmp_
     assert "model.d_model: 32 in the checkpoint, 48 now" in message and "model.d_ff" in message
 
 
+def test_resume_with_a_changed_rate_applies_it_and_says_so(data_dir, tmp_path, capsys):
+    """The checkpoint's optimiser and schedule states hold the rate and Adam's settings they were
+    saved with; the config in force sets them, and the change is named (the rate was silently the old one)."""
+    from structnmt.training.optim import inverse_sqrt_factor
+
+    make_trainer(tiny_cfg(tmp_path / "run", max_steps=4, valid_every=4), data_dir).run()
+    capsys.readouterr()
+    trainer = make_trainer(tiny_cfg(tmp_path / "run", max_steps=6, valid_every=4, lr=0.2, weight_decay=0.01),
+                           data_dir)
+    trainer.run(resume=True)
+    err = capsys.readouterr().err
+    assert ("warning: resuming with training fields changed since the checkpoint (training.lr: 0.003 -> 0.2; "
+            "training.weight_decay: 0.0 -> 0.01); they apply from the next update") in err
+    rates = {r["step"]: r["lr"] for r in read_log(tmp_path / "run" / "log.jsonl") if r["kind"] == "train"}
+    assert rates[4] == pytest.approx(3e-3 * inverse_sqrt_factor(4, 4))
+    assert rates[5] == pytest.approx(0.2 * inverse_sqrt_factor(5, 4))
+    assert all(group["weight_decay"] == 0.01 for group in trainer.updater.optimizer.param_groups)
+    # an unchanged config says nothing
+    make_trainer(tiny_cfg(tmp_path / "run", max_steps=7, valid_every=4, lr=0.2, weight_decay=0.01),
+                 data_dir).run(resume=True)
+    assert "warning: resuming with" not in capsys.readouterr().err
+
+
 def test_a_fallback_from_a_damaged_checkpoint_is_announced(data_dir, tmp_path, capsys):
     make_trainer(tiny_cfg(tmp_path / "run", max_steps=6, keep_last=3), data_dir).run()
     last = tmp_path / "run" / "last.pt"

@@ -80,6 +80,26 @@ def resume_point(run_dir: Path, resume: bool) -> tuple[Path | None, str | None]:
     return start, fallback
 
 
+#: training fields that change what a resumed run learns from the next update on
+RESUMED_FIELDS = ("lr", "warmup", "betas", "eps", "weight_decay", "clip_norm", "label_smoothing", "max_tokens",
+                  "accumulate", "precision")
+
+
+def resume_changes(state: dict[str, Any], cfg: ExperimentConfig) -> str | None:
+    """A warning naming the training fields that differ from the checkpoint's config (they apply
+    from the next update: the run no longer follows one config), or None."""
+    old = (state.get("config") or {}).get("training") or {}
+    now = to_dict(cfg)["training"]
+    changed = [f"training.{k}: {old[k]!r} -> {now[k]!r}" for k in RESUMED_FIELDS if k in old and old[k] != now[k]]
+    if old.get("seed", cfg.training.seed) != cfg.training.seed:
+        changed.append(f"training.seed: {old['seed']!r} -> {cfg.training.seed!r} (no effect: the random state "
+                       "is the checkpoint's)")
+    if not changed:
+        return None
+    return (f"warning: resuming with training fields changed since the checkpoint ({'; '.join(changed)}); "
+            "they apply from the next update")
+
+
 def check_resumable(path: Path, state: dict[str, Any], cfg: ExperimentConfig, vocab: dict[str, Any]) -> None:
     """Refuse, in one line, a checkpoint of another model or another dataset."""
     stored = (state.get("vocab") or {}).get("fingerprint")

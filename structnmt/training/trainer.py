@@ -59,6 +59,7 @@ from structnmt.training import distributed as D
 from structnmt.training.checkpoint import dataset_fingerprint, load_checkpoint
 from structnmt.training.checkpoint_policy import (
     check_resumable,
+    resume_changes,
     resume_point,
     weights_finite,
     write_checkpoints,
@@ -223,6 +224,8 @@ class Trainer:
         # on the CPU: generator states must stay there; load_state_dict moves the rest to the device
         state = load_checkpoint(path, map_location="cpu")
         check_resumable(path, state, self.cfg, self.vocab)
+        if self.ctx.is_main and (changed := resume_changes(state, self.cfg)):
+            _stderr(changed)
         try:
             self.updater.load_state_dict(state)
         except (KeyError, RuntimeError, ValueError) as err:

@@ -258,6 +258,12 @@ class Updater:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        # the state brings back the rate and the Adam settings it was saved with; the config in
+        # force sets them (unchanged ones are the same numbers, so an exact resume stays exact)
+        betas = (float(self.cfg.betas[0]), float(self.cfg.betas[1]))
+        for group in self.optimizer.param_groups:
+            group.update(betas=betas, eps=self.cfg.eps, weight_decay=self.cfg.weight_decay, initial_lr=self.cfg.lr)
+        self.scheduler.base_lrs = [self.cfg.lr] * len(self.scheduler.base_lrs)
         self.rates = DeviceRates(self.scheduler, self.device)  # the loaded schedule's rates
         self.applied.fill_(self.scheduler.last_epoch)
         self.issued = self.scheduler.last_epoch
