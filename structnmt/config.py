@@ -52,11 +52,14 @@ def convert(tp: Any, value: Any, where: str) -> Any:
                 errors[arg] = err
         # a word where a word is wanted, or a list where a list is: that option's own error says more
         # (``stack: encodr`` -> "must be one of ['encoder', 'decoder']") than a list of type names
-        if isinstance(value, (str, list, tuple)):
-            wanted = (Literal,) if isinstance(value, str) else (list, tuple)
-            shaped = [err for arg, err in errors.items() if typing.get_origin(arg) in wanted]
-            if len(shaped) == 1:
+        # (a word only where every other option is a list: ``int | Literal["auto"]`` says both)
+        lists = [arg for arg in errors if typing.get_origin(arg) in (list, tuple)]
+        if isinstance(value, str) and len(errors) - len(lists) == 1:
+            shaped = [err for arg, err in errors.items() if typing.get_origin(arg) is Literal]
+            if shaped:
                 raise shaped[0]
+        if isinstance(value, (list, tuple)) and len(lists) == 1:
+            raise errors[lists[0]]
         raise ConfigError(f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}", where)
     if origin is Literal:
         if isinstance(value, bool) and {"on", "off"} <= set(args):  # YAML 1.1 reads on/off as booleans
