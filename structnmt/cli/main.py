@@ -251,6 +251,8 @@ def cmd_study(args: argparse.Namespace) -> int:
         return 0
     if args.baseline and not args.report:
         raise ConfigError("--baseline only changes a report: give --report with it")
+    if args.out and not args.report:  # it was ignored: a run's report went to RECORDS/report.md instead
+        raise ConfigError("--out only names a report's file: give --report with it")
     if args.report:
         print(f"report written to {api.study_report(args.study, args.out, args.baseline)}")
         _no_damaged_records(args.study)

@@ -53,6 +53,7 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
         STUDY_LOCK,
         _read_json,
         adoptable,
+        check_own_records,
         read_failure,
         read_record,
         record_damage,
@@ -61,6 +62,7 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
     )
 
     study = study if isinstance(study, Study) else load_study(study)
+    check_own_records(study)
     first_test = (study.test_sets or [None])[0]
     here: list[str | None] = []  # computed once, and only when a run is not done
     rows = []
@@ -135,6 +137,11 @@ def machine_here(threads_setting: int, jobs: int) -> tuple[str, int]:
 def format_status(rows: list[dict[str, Any]], jobs: int | None = None) -> str:
     """The status table; its last line forecasts the time left with ``jobs`` runs at once
     (``--jobs``; default: the study file's ``executor.jobs``, which each row carries)."""
+    if jobs is not None and jobs < 1:  # 0 meant "the study file's" silently; say so rather than guess
+        from structnmt.errors import ConfigError
+
+        raise ConfigError(f"must be at least 1, got {jobs} (leave it out for the study file's executor.jobs)",
+                          "--jobs")
     jobs = jobs or next((r["jobs"] for r in rows if r.get("jobs")), 1)
     lines = [f"{'recipe':<24} {'seed':>4}  {'state':<11} {'step':>6} {'BLEU':>6}  note"]
     for r in rows:
@@ -283,15 +290,25 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
     """
     from structnmt.errors import ConfigError
     from structnmt.study.executors import check_device, run_local, run_submitit
-    from structnmt.study.runs import adopt, adoptable, read_record, record_damage, stale_reason, write_failure
+    from structnmt.study.runs import (
+        adopt,
+        adoptable,
+        check_own_records,
+        read_record,
+        record_damage,
+        stale_reason,
+        write_failure,
+    )
 
     study = load_study(path)
+    check_own_records(study)  # before any record is called stale and trained over
     results: dict[str, str] = {}
     adopted = 0
     kind = executor or study.executor.kind
-    jobs = jobs or study.executor.jobs
+    jobs = study.executor.jobs if jobs is None else jobs  # 0 is no count: refused, not the file's
     if jobs < 1:
-        raise ConfigError(f"must be at least 1, got {jobs}", "--jobs")
+        raise ConfigError(f"must be at least 1, got {jobs} (leave it out for the study file's executor.jobs)",
+                          "--jobs")
     unknown = sorted(set(only or []) - {r.name for r in study.recipes})
     if unknown:
         raise ConfigError(f"not a recipe of the study: {', '.join(unknown)} "

@@ -26,10 +26,22 @@ from pathlib import Path
 
 from structnmt.errors import ConfigError
 from structnmt.processes import die_with_parent, libc_prctl
-from structnmt.study.runs import BUSY, DONE, FAILED_STATUS, INTERRUPTED, RECORD, execute_run, write_failure
+from structnmt.study.runs import (
+    BUSY,
+    DONE,
+    FAILED_STATUS,
+    INTERRUPTED,
+    RECORD,
+    clear_failure,
+    execute_run,
+    write_failure,
+)
 from structnmt.study.spec import Study
 
-EXIT_TO_STATUS = {0: DONE, 75: INTERRUPTED, 3: BUSY}
+#: a run process's exit status: 75 is the trainer's "stopped at a checkpoint"; one ended by SIGTERM
+#: or SIGINT before the trainer could catch it (still importing, say) was stopped too, not broken:
+#: it resumes from its last checkpoint, if any, when the study runs again
+EXIT_TO_STATUS = {0: DONE, 75: INTERRUPTED, 3: BUSY, -signal.SIGTERM: INTERRUPTED, -signal.SIGINT: INTERRUPTED}
 
 
 def _child_setup(niceness: int) -> Callable[[], None]:
@@ -208,6 +220,7 @@ def run_local(study: Study, runs: list[tuple[str, int]], jobs: int,
             with starting:  # a run started once the study is stopping would never hear of it
                 if stopping.is_set():
                     return
+                clear_failure(study, recipe, seed)  # even one that dies before it runs: this try's status stands
                 handle.write(f"$ {' '.join(command)}\n")
                 handle.flush()
                 process = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, env=env,

@@ -297,10 +297,17 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
         refs, where = whole_split(recipe, seed, record["scores"][test].get("subset_of", test))
         if refs is None:
             return where
+        # records that keep no sentence count (hand-made, older) are checked against the test set
+        # here (the schema checks the others): a misaligned file named, not a bootstrap's error
+        hyps, want = run_hypotheses(study, recipe, seed, test), len(record["scores"][test].get("lines", refs))
+        if len(hyps) != want:
+            path = study.record_dir(recipe, seed) / "hyps" / f"{test}.hyp"
+            return (f"{path} has {len(hyps)} lines for the {want} sentences of {test} at `{where}`: damaged, restore "
+                    f"it from version control (git checkout -- {path})")
         in_dataset = where.startswith(f"{study.run_config(recipe, seed).data.dir}/")
         if in_dataset and "references" not in record:  # the dataset the run read (its identity is checked)
             return None
-        why = references_mismatch(record, test, refs, run_hypotheses(study, recipe, seed, test))
+        why = references_mismatch(record, test, refs, hyps)
         return why and f"the references at `{where}` are not the ones {recipe} seed {seed} was tested on ({why})"
 
     def ratio(recipe: str, seed: int, test: str, scores: dict[str, Any]) -> float | None:
@@ -889,6 +896,9 @@ def write_report(study: Study, out: str | Path | None = None, baseline: str | No
     ``baseline`` compares against another recipe of the study (a control against the method it
     controls, say) in ``<records>/report_vs_<baseline>.md``, leaving the study's report alone.
     """
+    from structnmt.study.runs import check_own_records
+
+    check_own_records(study)  # another study's records and report are not this one's to report or replace
     name, flags = "report.md", "--report"
     if baseline and baseline != study.baseline:
         study = study.with_baseline(baseline)

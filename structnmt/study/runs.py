@@ -171,6 +171,38 @@ def read_failure(study: Study, recipe: str, seed: int) -> dict[str, Any] | None:
     return _read_json(study.record_dir(recipe, seed) / FAILED, {"error": "unreadable failed.json"})
 
 
+def clear_failure(study: Study, recipe: str, seed: int) -> None:
+    """Forget a run's failure when it starts again: the new try decides its state (done,
+    interrupted, failed anew), and a failed.json left from before would outlive it in --status."""
+    (study.record_dir(recipe, seed) / FAILED).unlink(missing_ok=True)
+
+
+def _study_of_report(path: Path) -> str | None:
+    """The study a report.md was written for (its first line: ``# Study `NAME` ``)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            first = handle.readline().strip()
+    except OSError:
+        return None
+    return first[len("# Study `"):-1] if first.startswith("# Study `") and first.endswith("`") else None
+
+
+def check_own_records(study: Study) -> None:
+    """Refuse a records folder that holds another study's records (or report): two study files
+    given the same ``records:`` would take each other's records for stale runs of their own,
+    train over them and replace the other's report. Records without a study name (hand-made,
+    very old) say nothing either way; adopted records carry this study's name."""
+    from structnmt.errors import ConfigError
+
+    found = [(p, (_read_json(p, None) or {}).get("study")) for p in sorted(study.records.glob(f"*/seed*/{RECORD}"))]
+    found += [(p, _study_of_report(p)) for p in sorted(study.records.glob("report*.md"))]
+    for path, other in found:
+        if isinstance(other, str) and other != study.name:
+            raise ConfigError(f"{study.records} holds the records of study {other!r} ({path}); give this study its "
+                              f"own records folder (or, if this study was renamed from {other!r}, name it so again)",
+                              "records", study.path)
+
+
 def training_differences(cfg: Any, record: dict[str, Any]) -> list[str] | None:
     """None when ``record`` was trained from ``cfg`` (its digest, or a view that differs only in
     fields added since at their defaults); else up to three fields that differ (maybe none named)."""
@@ -431,6 +463,7 @@ def _execute(study: Study, recipe: str, seed: int, run_dir: Path) -> str:
 
     with DirectoryLock(run_dir / STUDY_LOCK, "study run", messages=lambda m: print(m, file=sys.stderr)):
         remove_stale_temporaries(study, recipe, seed)
+        clear_failure(study, recipe, seed)  # this try's outcome stands, not an earlier one's
         return _train_test_record(study, recipe, seed, run_dir)
 
 

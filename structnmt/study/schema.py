@@ -106,4 +106,29 @@ def record_problem(record: Any, folder: Path, recipe: str | None = None, seed: i
                 return f"scores.{name}.{key}: expected {what}, got {_shown(scores[key])}"
         if not (folder / "hyps" / f"{name}.hyp").is_file():
             return f"scores.{name}: its hypotheses hyps/{name}.hyp are missing"
+        # one hypothesis per scored sentence: a file cut short, emptied or written twice was read
+        # as done, and the report then failed comparing systems (naming no file)
+        want = scores.get("sentences", len(scores["lines"]) if "lines" in scores else None)
+        if _count(want) and (have := hypothesis_count(folder / "hyps" / f"{name}.hyp")) != want:
+            what = "are not valid UTF-8" if have is None else f"have {have} line{'s' * (have != 1)}"
+            return (f"scores.{name}: its hypotheses {folder / 'hyps' / f'{name}.hyp'} {what}, but the record "
+                    f"scored {want} sentences")
     return None
+
+
+_COUNTS: dict[tuple[str, int, int], int | None] = {}  # (file, size, mtime): read once while it stands
+
+
+def hypothesis_count(path: Path) -> int | None:
+    """Hypotheses in a file as the evaluation writes it (each line newline-ended, so an empty file
+    holds none), or None when it is not UTF-8 text."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    if key not in _COUNTS:
+        data = path.read_bytes()
+        try:
+            data.decode("utf-8")
+            _COUNTS[key] = 0 if not data else data.count(b"\n") + (not data.endswith(b"\n"))
+        except UnicodeDecodeError:
+            _COUNTS[key] = None
+    return _COUNTS[key]

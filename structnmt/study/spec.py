@@ -256,6 +256,17 @@ def _check_baseline(baseline: str, recipes: list[Recipe]) -> None:
                           "baseline")
 
 
+def _check_folder(folder: Path, field: str, path: Path) -> None:
+    """Refuse a folder field that names a file, or lies under one: it cannot hold the study's runs."""
+    for place in (folder, *folder.parents):
+        if place.exists():
+            if not place.is_dir():
+                what = f"{folder} is a file" if place == folder else f"{folder} lies under {place}, a file"
+                raise ConfigError(f"{what}, not a folder; name a folder for the study's "
+                                  f"{'records' if field == 'records' else 'runs'}", field, path)
+            return
+
+
 def load_study(path: str | Path) -> Study:
     """Read and validate a study file; every recipe's config is loaded with its overrides."""
     path = Path(path)
@@ -281,6 +292,8 @@ def load_study(path: str | Path) -> Study:
         raise ConfigError(err.message, err.field, path) from None
     study = Study(**{**vars(spec), "path": path, "records": Path(spec.records or path.with_suffix("")),
                      "work_dir": Path(spec.work_dir or f"runs/study_{spec.name}")})
+    for name in ("records", "work_dir"):  # a file there failed later, run by run, in OS words
+        _check_folder(getattr(study, name), name, path)
     recipes, seeds = spec.recipes, spec.seeds
     # every run's config, validated now: an unknown field in an override names its recipe
     datasets: dict[str, tuple[str, dict]] = {}
