@@ -163,14 +163,14 @@ def prepare_multi30k(pair: str = "en-de", source: str | Path | None = None, out:
     """Prepare Multi30k ``pair`` from a local copy of its raw files (``source``), or from its
     public home (or the mirror ``base_url``, default ``$STRUCTNMT_DOWNLOAD_URL``) when ``source``
     is None; ``parser`` is a spaCy model for the source trees."""
-    from structnmt.data.multi30k import build_multi30k
+    from structnmt.data.multi30k import build_multi30k, raw_dir
     from structnmt.data.prepare import prepare as build
 
     out = Path(out or f"data/multi30k_{pair.replace('-', '_')}")
-    data = build_multi30k(pair, out.parent / f"{out.name}_raw", Path(source) if source else None, base_url)
+    # the data config written beside the raw files names this dataset (``out``) and its parser
+    data = build_multi30k(pair, raw_dir(out), Path(source) if source else None, base_url, dataset=out,
+                          parser=parser)
     data.dir = str(out)
-    if parser:
-        data.src.parser.backend, data.src.parser.model = "spacy", parser
     return build(ExperimentConfig(data=data), force=force, verbose=verbose)
 
 

@@ -49,6 +49,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
             path = api.prepare(args.config, parse_overrides(args.set), force=args.force)
     what = "sub-word plan" if args.subwords_only else "shard" if args.shard else "dataset"
     print(f"{what} ready: {path}")
+    if args.config == "multi30k":  # the data: section describing it, for experiment configs
+        from structnmt.data.multi30k import config_path, raw_dir
+
+        print(f"data config written to {config_path(raw_dir(path), args.pair)}")
     return 0
 
 
@@ -191,6 +195,9 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_plot_attention(args: argparse.Namespace) -> int:
+    from structnmt.visualisation.attention import check_figure_path
+
+    check_figure_path(args.out, "--out")  # its format too, before the model is loaded
     api.plot_attention(args.checkpoint, args.out, sentence=args.sentence, line=args.line, split=args.split,
                        attention=args.attention, layer=args.layer, head=args.head, dataset=args.dataset)
     print(f"attention map written to {args.out}")
@@ -198,6 +205,9 @@ def cmd_plot_attention(args: argparse.Namespace) -> int:
 
 
 def cmd_plot_curves(args: argparse.Namespace) -> int:
+    from structnmt.visualisation.attention import check_figure_path
+
+    check_figure_path(args.out, "--out")  # its format too, before the logs are read
     api.plot_curves(args.runs, args.out)
     print(f"training curves written to {args.out}")
     return 0
@@ -457,11 +467,11 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--layer", type=int, default=1, help="1-based")
     a.add_argument("--head", type=int, default=0, help="0-based")
     a.add_argument("--dataset")
-    a.add_argument("--out", required=True)
+    a.add_argument("--out", required=True, help="the picture; its extension names the format (.png, .pdf, .svg, ...)")
     a.set_defaults(func=cmd_plot_attention)
     c = psub.add_parser("curves", help="training curves of several runs")
     c.add_argument("runs", nargs="+")
-    c.add_argument("--out", required=True)
+    c.add_argument("--out", required=True, help="the picture; its extension names the format (.png, .pdf, .svg, ...)")
     c.set_defaults(func=cmd_plot_curves)
 
     s = sub.add_parser("parser", help="train and evaluate Universal Dependencies parsers")

@@ -50,6 +50,9 @@ _SEG = re.compile(r"<seg[^>]*>\s*(.*?)\s*</seg>")
 def fetch(archives: dict[str, str], out: Path, local: Path | None, base: str | None = None) -> dict[str, Path]:
     """The archives, from ``local`` if given, else downloaded into ``out/downloads`` (from the mirror
     ``base`` or ``$STRUCTNMT_DOWNLOAD_URL`` when set, else from their public homes)."""
+    if local is not None and not local.is_dir():  # said as such, not as an archive that "is not here"
+        what = "is not a folder" if local.exists() else "no such folder"
+        raise DataError(f"{what} (--from: the folder holding a local copy of {', '.join(archives)})", local)
     found = {}
     base = base_url(base) if local is None else None
     sums = mirror_checksums(base)
@@ -62,6 +65,16 @@ def fetch(archives: dict[str, str], out: Path, local: Path | None, base: str | N
             path = fetch_file(url_of(name, public, base), out / "downloads" / name, sums.get(name))
         found[name] = path
     return found
+
+
+class ArchiveError(DataError):
+    """An archive that cannot be read; :func:`download` says what to do about it, which depends on
+    whether it was downloaded (fetch it again) or given with ``--from`` (nothing is fetched then)."""
+
+    def __init__(self, why: str, archive: Path, advice: str = "if it was downloaded, delete it and run the "
+                 "command again to fetch it again") -> None:
+        self.why, self.archive = why, archive
+        super().__init__(f"cannot read the archive: {why} ({advice})", archive)
 
 
 def _lines(archive: Path, suffix: str) -> Iterator[str]:
@@ -78,8 +91,7 @@ def _lines(archive: Path, suffix: str) -> Iterator[str]:
                 yield raw.decode("utf-8", errors="replace").rstrip("\r\n")
     except (tarfile.TarError, OSError, EOFError) as err:
         why = " ".join(str(err).split())  # tarfile lists each method it tried on a line of its own: one line here
-        raise DataError(f"cannot read the archive: {why} (if it was downloaded, delete it and run the command "
-                        "again to fetch it again)", archive) from None
+        raise ArchiveError(why, archive) from None
 
 
 def _write(path: Path, lines) -> int:
@@ -156,8 +168,20 @@ def download(name: str, out: str | Path, local: str | Path | None = None, base: 
         raise DataError(f"unknown corpus {name!r} (known: {', '.join(CORPORA)})")
     archives, build = CORPORA[name]
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    counts = build(fetch(archives, out, Path(local) if local is not None else None, base), out)
+    source = Path(local) if local is not None else None
+    made = not out.exists()
+    try:
+        found = fetch(archives, out, source, base)  # a missing --from copy is named before OUT is made
+        out.mkdir(parents=True, exist_ok=True)
+        counts = build(found, out)
+    except ArchiveError as err:
+        if source is None:
+            raise
+        public = archives.get(err.archive.name, "its public home")  # nothing is fetched with --from
+        raise ArchiveError(err.why, err.archive, f"replace it with a whole copy of the file from {public}") from None
+    finally:
+        if made and out.is_dir() and not any(out.iterdir()):  # a failed first run leaves no empty OUT behind
+            out.rmdir()
     for file, count in counts.items():
         print(f"{out / file}: {count:,} lines")
     return counts

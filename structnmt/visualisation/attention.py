@@ -6,7 +6,8 @@ arrow tip at the dependent) or the scenes (one coloured band per scene over its 
 one can see at a glance whether a head follows the tree.
 
 All figures are drawn on a bare :class:`matplotlib.figure.Figure` with the Agg canvas (no
-pyplot global state, no display needed) and written as PNG atomically.
+pyplot global state, no display needed) and written atomically in the format the output
+file's extension names (``.png``, ``.pdf``, ``.svg``, ...): :func:`figure_format`.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import Arc, Rectangle
 
-from structnmt.io import atomic_write_bytes
+from structnmt.io import OutputError, atomic_write_bytes, check_output_path
 
 DPI = 100
+#: formats matplotlib lists that need more than matplotlib itself: pgf runs LaTeX (a traceback without it)
+_NEEDS_MORE = frozenset({"pgf"})
 
 
 def new_figure(figsize: tuple[float, float], dpi: int = DPI) -> Figure:
@@ -32,11 +35,40 @@ def new_figure(figsize: tuple[float, float], dpi: int = DPI) -> Figure:
     return fig
 
 
-def save_png(fig: Figure, out: str | Path) -> Path:
-    """Render ``fig`` to PNG in memory and write it atomically; the pixel size is
-    ``figsize × dpi`` exactly (no tight bounding box), so callers can rely on it."""
+def figure_formats() -> list[str]:
+    """The picture formats a figure can be written in (file extensions, lower case)."""
+    return sorted(set(FigureCanvasAgg.get_supported_filetypes()) - _NEEDS_MORE)
+
+
+def figure_format(out: str | Path, argument: str = "--out") -> str:
+    """The format ``out``'s extension names (``map.PDF`` -> ``pdf``). A name without an
+    extension, or with one matplotlib cannot write, is refused naming ``argument``: the file's
+    contents must be what its name says (it was PNG data whatever the name)."""
+    suffix = Path(out).suffix.lower().removeprefix(".")
+    formats = figure_formats()
+    if suffix in formats:
+        return suffix
+    if not suffix:
+        raise OutputError(f"{argument}: {out} has no extension to say the picture's format; add one of "
+                          f".{', .'.join(formats)}")
+    raise OutputError(f"{argument}: {out}: cannot write a .{suffix} picture; the formats are "
+                      f".{', .'.join(formats)}")
+
+
+def check_figure_path(out: str | Path, argument: str = "--out") -> Path:
+    """A picture's output path checked before any work: that it can be written (named as every
+    output path is: a directory, a device), then that its extension names a format."""
+    path = check_output_path(out, argument)
+    figure_format(out, argument)
+    return path
+
+
+def save_figure(fig: Figure, out: str | Path) -> Path:
+    """Render ``fig`` in memory in the format ``out``'s extension names and write it atomically;
+    a raster's pixel size is ``figsize × dpi`` exactly (no tight bounding box), so callers can
+    rely on it."""
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=fig.dpi)
+    fig.savefig(buffer, format=figure_format(out), dpi=fig.dpi)
     atomic_write_bytes(out, buffer.getvalue())
     return Path(out)
 
@@ -90,6 +122,7 @@ def plot_attention(
     dependent == head); ``scenes`` lists the column tokens of each scene. Give one or the
     other (or neither). The default size grows with the number of tokens.
     """
+    figure_format(out)  # a name that cannot be written is refused before the drawing
     weights = np.asarray(weights, dtype=np.float64)
     if weights.shape != (len(row_tokens), len(col_tokens)):
         raise ValueError(f"weights have shape {weights.shape} but there are {len(row_tokens)} row and "
@@ -125,4 +158,4 @@ def plot_attention(
     elif title:
         ax.set_title(title)
     fig.subplots_adjust(left=0.15, right=0.92, top=0.95, bottom=0.15)
-    return save_png(fig, out)
+    return save_figure(fig, out)

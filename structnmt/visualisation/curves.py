@@ -8,16 +8,48 @@ from typing import Any
 
 from structnmt.errors import DataError
 from structnmt.evaluation.report import read_log
-from structnmt.visualisation.attention import DPI, new_figure, save_png
+from structnmt.visualisation.attention import DPI, figure_format, new_figure, save_figure
 
 PANELS = (("train", "loss", "train loss"), ("valid", "loss", "valid loss"), ("valid", "bleu", "valid BLEU"))
+#: how the training logger writes a non-finite value (JSON has none): a diverged step, still a number
+_NON_FINITE = frozenset({"nan", "inf", "-inf"})
+
+#: a record of a log with the 1-based line it was read from
+Numbered = tuple[int, dict[str, Any]]
 
 
-def _series(records: Sequence[dict[str, Any]], kind: str, key: str) -> tuple[list[float], list[float]]:
-    points = [(r["step"], r[key]) for r in records
-              if r.get("kind") == kind and isinstance(r.get("step"), (int, float))
-              and isinstance(r.get(key), (int, float))]
-    return [p[0] for p in points], [p[1] for p in points]
+def _numbered_records(log: Path) -> list[Numbered]:
+    """``read_log``'s records (it names an unreadable file or a line that is no JSON object) with
+    their line numbers, so that a bad value can be named where it is."""
+    records = read_log(log)
+    lines = log.read_text(encoding="utf-8").split("\n")
+    numbers = [n for n, line in enumerate(lines, start=1) if line.strip()]  # read_log skips blank lines
+    return list(zip(numbers, records))
+
+
+def _number(record: dict[str, Any], key: str, log: Path, line: int) -> float | None:
+    """``record[key]`` as a number; None when absent or null (not measured). Anything else is
+    refused naming the file and line: it used to be left out of the picture without a word."""
+    value = record.get(key)
+    if value is None:
+        return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str) and value.strip().lower() in _NON_FINITE:
+        return float(value)
+    raise DataError(f"{key!r} of this {record.get('kind')} record is {value!r}, not a number", log, line)
+
+
+def _series(records: Sequence[Numbered], kind: str, key: str, log: Path) -> tuple[list[float], list[float]]:
+    steps, values = [], []
+    for line, record in records:
+        if record.get("kind") != kind:
+            continue
+        step, value = _number(record, "step", log, line), _number(record, key, log, line)
+        if step is not None and value is not None:
+            steps.append(step)
+            values.append(value)
+    return steps, values
 
 
 def plot_training_curves(
@@ -32,6 +64,7 @@ def plot_training_curves(
     ``runs`` are run directories (their ``log.jsonl`` is read; the label is the directory
     name) or a mapping ``label -> run directory or log file``.
     """
+    figure_format(out)  # a name that cannot be written is refused before the logs are read
     items = list(runs.items()) if isinstance(runs, Mapping) else [(Path(r).name, r) for r in runs]
     if not items:
         raise ValueError("no runs to plot")
@@ -43,9 +76,9 @@ def plot_training_curves(
         log = path / "log.jsonl" if path.is_dir() else path
         if not log.exists():
             raise DataError("training log not found", log)
-        records = read_log(log)
+        records = _numbered_records(log)
         for ax, (kind, key, _) in zip(axes, PANELS):
-            steps, values = _series(records, kind, key)
+            steps, values = _series(records, kind, key, log)
             if steps:
                 ax.plot(steps, values, label=label, color=f"C{colour % 10}",
                         marker="o" if kind == "valid" else None, markersize=3)
@@ -60,4 +93,4 @@ def plot_training_curves(
     if title:
         fig.suptitle(title)
     fig.subplots_adjust(left=0.05, right=0.98, wspace=0.25, bottom=0.15)
-    return save_png(fig, out)
+    return save_figure(fig, out)

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 
 from structnmt.evaluation.buckets import Bucket
-from structnmt.visualisation.attention import DPI, new_figure, save_png
+from structnmt.visualisation.attention import DPI, figure_format, new_figure, save_figure
 
 
 def plot_bleu_by_length(
@@ -20,6 +20,7 @@ def plot_bleu_by_length(
 ) -> Path:
     """One group of bars per length bucket, one bar per system; the x labels give each
     bucket's sentence count (all systems must share the same buckets, i.e. the same test set)."""
+    figure_format(out)  # a name that cannot be written is refused before the drawing
     if not systems:
         raise ValueError("no systems to plot")
     names = list(systems)
@@ -42,4 +43,4 @@ def plot_bleu_by_length(
     if title:
         ax.set_title(title)
     fig.subplots_adjust(bottom=0.2)
-    return save_png(fig, out)
+    return save_figure(fig, out)

@@ -15,7 +15,7 @@ import numpy as np
 
 from structnmt.decoding.translator import Translator
 from structnmt.errors import ConfigError, DataError
-from structnmt.visualisation.attention import plot_attention
+from structnmt.visualisation.attention import figure_format, plot_attention
 
 
 def _structure_drawing(heads: list[int], word_index: np.ndarray, scene_members: list[tuple[int, int]] | None
@@ -42,6 +42,7 @@ def plot_model_attention(translator: Translator, out: str | Path, sentence: str 
     from structnmt.data.dataset import ParallelDataset
     from structnmt.decoding.attention_maps import attention_maps
 
+    figure_format(out)  # a name that cannot be written is refused before the translation
     model, pre = translator.model, translator.preprocessor
     depth = model.cfg.enc_layers if attention == "encoder" else model.cfg.dec_layers
     if not 1 <= layer <= depth:

@@ -115,6 +115,8 @@ class WinkMaskPlugin(AttentionPlugin):
 
 @register("deps_san")
 class DepsSAN(Method[DepsSANParams]):
+    """Self-attention scores scaled by a Gaussian of the tokens' dependency-tree distance (Peng et al.)."""
+
     Params = DepsSANParams
     needs = {"src": ("dist",)}
     needs_at_inference = {"src": ("dist",)}

@@ -73,6 +73,8 @@ class LocalWindowParams(MethodParams):
 
 @register("local_window")
 class LocalWindow(Method[LocalWindowParams]):
+    """Heads confined to keys within w positions of the query (Cui et al. 2019); reads no structure."""
+
     Params = LocalWindowParams
 
     def make_plugin(self, site: Site) -> AttentionPlugin:

@@ -173,6 +173,8 @@ class LPSIParams(MethodParams):
 
 @register("lpsi")
 class LPSI(Method[LPSIParams]):
+    """Attention gated by learned syntactic distances (latent phrase structure induction; Harada 2021)."""
+
     Params = LPSIParams
     adds_parameters = True
     readouts = {"phrase_structure": "distance"}  # the gates' distances split into a binary tree

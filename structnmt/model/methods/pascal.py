@@ -91,6 +91,8 @@ class PascalPlugin(AttentionPlugin):
 
 @register("pascal")
 class Pascal(Method[PascalParams]):
+    """Scores scaled by a Gaussian centred on each token's dependency parent (Bugliarello & Okazaki 2020)."""
+
     Params = PascalParams
     needs = {"src": ("parent_mid",)}
     needs_at_inference = {"src": ("parent_mid",)}

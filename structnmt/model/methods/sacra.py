@@ -83,6 +83,8 @@ class SacraPlugin(AttentionPlugin):
 
 @register("sacra")
 class Sacra(Method[SacraParams]):
+    """Cross-attention keys averaged over the tokens of each source scene (SACrA, Slobodkin et al.)."""
+
     Params = SacraParams
     needs = {"src": ("scene_mask",)}
     needs_at_inference = {"src": ("scene_mask",)}

@@ -105,6 +105,8 @@ class SasaPlugin(AttentionPlugin):
 
 @register("sasa")
 class Sasa(Method[SasaParams]):
+    """Self-attention weights masked outside the query's scenes, not renormalised (SASA, Slobodkin et al.)."""
+
     Params = SasaParams
     needs = {"src": ("scene_mask",)}
     needs_at_inference = {"src": ("scene_mask",)}

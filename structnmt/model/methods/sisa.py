@@ -40,5 +40,9 @@ class SISAParams(DBSAParams):
 
 @register("sisa")
 class SISA(DBSA):
+    """One encoder head supervised to attend to each token's dependency parent (Strubell et al. 2018)."""
+
     Params = SISAParams
+    #: the source side only (for ``structnmt methods``; instances set theirs in DBSA's ``__init__``)
+    needs = {"src": ("valid", "parent_first")}
     loss_prefix = "sisa"

@@ -57,6 +57,8 @@ class SyncAttnParams(DBSAParams):
 
 @register("syncattn")
 class SyncAttn(DBSA):
+    """DBSA heads in both stacks, tied through a decoder layer's cross-attention (Deguchi et al. 2021)."""
+
     Params = SyncAttnParams
 
     p: SyncAttnParams

@@ -64,6 +64,8 @@ class UdiscalPlugin(AttentionPlugin):
 
 @register("udiscal")
 class Udiscal(Method[UdiscalParams]):
+    """Attention weights scaled by a Gaussian of the tree distance, not renormalised (Slobodkin et al.)."""
+
     Params = UdiscalParams
     needs = {"src": ("dist",)}
     needs_at_inference = {"src": ("dist",)}
