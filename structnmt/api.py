@@ -273,7 +273,7 @@ def load(checkpoint: str | Path, device: str | torch.device | None = None,
 
 
 def test(run: str | Path, checkpoint: str | Path | None = None, splits: Sequence[str] | None = None,
-         beam: int | None = None, device: str | None = None, long_dependency: int = 7,
+         beam: int | None = None, device: str | None = None, long_dependency: int | None = 7,
          verbose: bool = False) -> dict[str, dict[str, Any]]:
     """Translate a run's test splits and score them (``structnmt test``).
 
@@ -284,6 +284,7 @@ def test(run: str | Path, checkpoint: str | Path | None = None, splits: Sequence
     """
     from structnmt.evaluation.run_eval import evaluate_run
 
+    long_dependency = 0 if long_dependency is None else long_dependency  # None: off, as before
     check_count(long_dependency, "long_dependency", 0, LONG_DEPENDENCY_OFF)
     if isinstance(splits, str):
         splits = [splits]

@@ -445,12 +445,22 @@ class ExperimentConfig:
 
 
 class YamlLoader(yaml.SafeLoader):
-    """YAML as configs are written: PyYAML follows YAML 1.1, which reads ``1e-3`` (no dot) as a
-    string; here it is the number a user means, as in YAML 1.2."""
+    """YAML as configs are written: PyYAML follows YAML 1.1, which reads ``1e-3`` and ``.5e3``
+    (no dot, or no digit before it) as strings; here they are the numbers a user means."""
 
 
-YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+class YamlDumper(yaml.SafeDumper):
+    """Writes what :class:`YamlLoader` reads back as written: a string such as ``"1e5"`` quoted."""
+
+
+_E_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+for _cls in (YamlLoader, YamlDumper):
+    _cls.add_implicit_resolver("tag:yaml.org,2002:float", _E_FLOAT, list("-+.0123456789"))
+
+
+def dump_yaml(data: Any) -> str:
+    """``data`` as YAML that :func:`parse_yaml` reads back unchanged (configs a run writes)."""
+    return yaml.dump(data, Dumper=YamlDumper, sort_keys=False, allow_unicode=True)
 
 
 def parse_yaml(text: str, path: str | Path | None = None, what: str = "not valid YAML") -> Any:
@@ -592,8 +602,11 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
             if last:
                 node[part] = value
             else:
-                if node.get(part) is None:  # missing, or left empty (YAML null): a list by default if indexed
-                    node[part] = [] if parts[i + 1].isdigit() else {}
+                if node.get(part) is None and parts[i + 1].isdigit():  # missing, or left empty (YAML null)
+                    raise ConfigError(f"has no entries: an index reaches into a list the config gives (set the "
+                                      f"whole list with {'.'.join(parts[:i + 1])}=[...])", ".".join(parts[:i + 1]))
+                if node.get(part) is None:
+                    node[part] = {}
                 node = node[part]
         else:
             raise ConfigError(f"is {node!r}, not a section: it has no field {part!r}", where)

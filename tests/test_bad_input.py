@@ -408,6 +408,9 @@ def test_overrides_reach_into_lists_and_refuse_what_is_not_a_section(tmp_path: P
     assert failing(capsys, "train", str(config), "--set", pascal, "--set", "model.methods.1.heads=1") == \
         "model.methods: a list of 1: index with 0..0, not '1'"
     assert failing(capsys, "train", str(config), "--set", "model.methods.0.heads=1") == \
+        "model.methods: has no entries: an index reaches into a list the config gives (set the whole list with " \
+        "model.methods=[...])"
+    assert failing(capsys, "train", str(config), "--set", "model.methods=[]", "--set", "model.methods.0.heads=1") == \
         "model.methods: an empty list: it has no item '0'"
     assert failing(capsys, "train", str(config), "--set", "model.d_model.x=1") == \
         "model.d_model: is 16, not a section: it has no field 'x'"

@@ -12,9 +12,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
-from structnmt.config import DataConfig, from_dict
+from structnmt.config import DataConfig, dump_yaml, from_dict
 from structnmt.data.download import NotFoundError, base_url, fetch, mirror_checksums, url_of
 from structnmt.errors import ConfigError, DataError
 from structnmt.io import atomic_write_text
@@ -106,5 +104,5 @@ def build_multi30k(pair: str, out: Path, from_dir: Path | None = None, base: str
         "dir": str(Path(dataset if dataset is not None else out / f"multi30k-{pair}").resolve()),
     }
     config = from_dict(DataConfig, raw, "data")
-    atomic_write_text(config_path(out, pair), yaml.safe_dump({"data": raw}, sort_keys=False))
+    atomic_write_text(config_path(out, pair), dump_yaml({"data": raw}))
     return config

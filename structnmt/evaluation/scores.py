@@ -95,6 +95,10 @@ def read_parallel(
     nearly always means a decoding failure or a shifted file, which inflates or deflates BLEU
     without any visible sign; so it is an error unless ``allow_empty=True``.
     """
+    given = [hypotheses, *(references if isinstance(references, (list, tuple)) else [references])]
+    if sum(isinstance(f, (str, Path)) and str(f) == STDIN for f in given) > 1:  # before reading: it may block
+        raise ConfigError("standard input ('-') given more than once: only one of the hypotheses and "
+                          "references can be read from it", "references")
     hyps, _ = _read(hypotheses, "hypotheses")
     where = _shown(hypotheses) if isinstance(hypotheses, (str, Path)) else None  # errors name the file, if any
     if not isinstance(references, (str, Path)) and (not isinstance(references, Sequence)
@@ -107,10 +111,6 @@ def read_parallel(
         streams = list(references)
     if not streams:
         raise DataError("no reference given", where)
-    files = [hypotheses, *streams]
-    if sum(isinstance(f, (str, Path)) and str(f) == STDIN for f in files) > 1:  # it can be read only once
-        raise ConfigError("standard input ('-') given more than once: only one of the hypotheses and "
-                          "references can be read from it", "references")
     refs = []
     for k, stream in enumerate(streams, start=1):
         if not isinstance(stream, (str, Path)) and not _sentences(stream):

@@ -213,15 +213,14 @@ def write_run_files(run_dir: Path, cfg: ExperimentConfig, parameters: int, devic
                     precision: str, resumed_from: Path | None) -> None:
     """``config.yaml`` (the resolved config) and ``run.json`` (command, versions, sizes, where it ran)."""
     import torch
-    import yaml
 
     import structnmt
-    from structnmt.config import to_dict
+    from structnmt.config import dump_yaml, to_dict
     from structnmt.io import atomic_write_text
 
     raw = to_dict(cfg)
     raw.pop("path", None)
-    atomic_write_text(run_dir / "config.yaml", yaml.safe_dump(raw, sort_keys=False, allow_unicode=True))
+    atomic_write_text(run_dir / "config.yaml", dump_yaml(raw))
     info = {
         "command": sys.argv,
         "python": platform.python_version(),
