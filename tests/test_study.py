@@ -744,6 +744,11 @@ def test_cuda_asked_for_without_a_gpu_is_refused_before_any_run(recipes, tmp_pat
     with pytest.raises(ConfigError, match="executor.device: cuda asked for"):  # the executor's own guard
         run_local(study, study.runs(), 2, lambda *_: None)
     assert not study.work_dir.exists()
+    # asked for on the command line: the argument is named, not the study file
+    cpu = _study_file(tmp_path, recipes, name="on_cpu", executor={"kind": "local", "device": "cpu"})
+    with pytest.raises(ConfigError) as err:
+        run_study(cpu, device="cuda")
+    assert str(err.value).startswith("--device: cuda asked for, but this machine has no CUDA GPU")
     # a GPU that is not there, on a machine with one
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)

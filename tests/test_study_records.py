@@ -206,4 +206,11 @@ def test_jobs_zero_and_out_without_report_are_refused(tmp_path, capsys):
     assert failing(capsys, "study", str(path), "--out", str(out)) == \
         "--out only names a report's file: give --report with it"
     assert not out.exists() and not load_study(path).work_dir.exists()
+    # with --status they were ignored too, and --status --report printed the status alone
+    assert failing(capsys, "study", str(path), "--status", "--out", str(out)) == \
+        "--out only names a report's file: give --report with it"
+    assert failing(capsys, "study", str(path), "--status", "--baseline", "vanilla").startswith("--baseline only")
+    assert failing(capsys, "study", str(path), "--status", "--report") == \
+        "--status and --report are two commands: give one of them"
+    assert not out.exists()
     assert yaml.safe_load(path.read_text())["executor"]["jobs"] == 1

@@ -252,3 +252,15 @@ def test_train_ud_parser_refuses_bad_input(tmp_path: Path) -> None:
         train_ud_parser("xx-nonsense", [tmp_path / "a.conllu"], None, tmp_path / "out")
     with pytest.raises(DataError, match="not found"):
         train_ud_parser("en", [tmp_path / "a.conllu"], None, tmp_path / "out")
+
+
+def test_parser_train_names_its_options_as_typed(tmp_path: Path, capsys) -> None:
+    from structnmt.cli.main import main
+
+    for argv, said in ((["--steps", "-5"], "--steps: must be at least 1, got -5"),
+                       (["--eval-frequency", "0"], "--eval-frequency: must be at least 1, got 0")):
+        code = main(["parser", "train", "--lang", "en", "--conllu", str(tmp_path / "a.conllu"),
+                     "--out", str(tmp_path / "out"), *argv])
+        err = capsys.readouterr().err
+        assert code == 2 and err == f"error: {said}\n"
+    assert not (tmp_path / "out").exists()

@@ -214,6 +214,9 @@ def cmd_plot_curves(args: argparse.Namespace) -> int:
 
 
 def cmd_parser_train(args: argparse.Namespace) -> int:
+    for option, value in (("--steps", args.steps), ("--eval-frequency", args.eval_frequency)):
+        if value is not None:  # named as typed (the trainer's own check says max_steps)
+            api.check_count(value, option, 1)
     _output_dir(args.out, "--out")
     path = api.train_parser(args.lang, args.conllu, args.out, args.dev, args.preset, args.shared, steps=args.steps,
                             eval_frequency=args.eval_frequency)
@@ -256,13 +259,15 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_study(args: argparse.Namespace) -> int:
     from structnmt.study import format_status
 
-    if args.status:  # --jobs: the forecast's runs at once (default: the study file's executor.jobs)
-        print(format_status(api.study_status(args.study), jobs=args.jobs))
-        return 0
+    if args.status and args.report:  # one of them would be ignored
+        raise ConfigError("--status and --report are two commands: give one of them")
     if args.baseline and not args.report:
         raise ConfigError("--baseline only changes a report: give --report with it")
     if args.out and not args.report:  # it was ignored: a run's report went to RECORDS/report.md instead
         raise ConfigError("--out only names a report's file: give --report with it")
+    if args.status:  # --jobs: the forecast's runs at once (default: the study file's executor.jobs)
+        print(format_status(api.study_status(args.study), jobs=args.jobs))
+        return 0
     if args.report:
         print(f"report written to {api.study_report(args.study, args.out, args.baseline)}")
         _no_damaged_records(args.study)

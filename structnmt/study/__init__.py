@@ -347,7 +347,12 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
             continue
         todo.append((recipe, seed))
     if todo and kind != "slurm":  # a GPU asked for and not here: refused before anything is prepared or run
-        check_device(study, todo)
+        try:
+            check_device(study, todo)
+        except ConfigError as err:
+            if device is None:
+                raise
+            raise ConfigError(err.message, "--device") from None  # the argument's, not the study file's
     if todo:
         bad = prepare_datasets(study, todo)
         runnable = []
