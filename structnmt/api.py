@@ -28,7 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from structnmt.config import ExperimentConfig, parse_overrides, with_overrides
+from structnmt.config import ExperimentConfig, check_count, parse_overrides, with_overrides
 from structnmt.config import load_config as _read_config
 from structnmt.errors import ConfigError
 
@@ -87,14 +87,6 @@ def _paths(values: Any, argument: str) -> list[Path]:
     if not isinstance(values, Sequence):
         raise ConfigError(f"expected a list of paths, got {values!r}", argument)
     return [_path(value, f"{argument}[{i}]") for i, value in enumerate(values)]  # type: ignore[misc]
-
-
-def check_count(value: Any, argument: str, least: int, note: str = "") -> None:
-    """An integer argument of at least ``least``, or a :class:`ConfigError` naming it."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"expected an integer, got {value!r}", argument)
-    if value < least:
-        raise ConfigError(f"must be at least {least}, got {value}{note}", argument)
 
 
 #: what ``long_dependency`` 0 means, said where a negative one is refused
@@ -196,7 +188,7 @@ def average(checkpoints: Sequence[str | Path], out: str | Path, across_runs: boo
 
     Checkpoints of different runs (another seed or ``out_dir``) are refused unless ``across_runs``:
     their mean is a worse model than either run's."""
-    from structnmt.io import check_output_path
+    from structnmt.io import check_output_path, same_file
     from structnmt.training.checkpoint import write_averaged_checkpoint
 
     paths = _paths(checkpoints, "checkpoints")
@@ -204,19 +196,12 @@ def average(checkpoints: Sequence[str | Path], out: str | Path, across_runs: boo
         raise ConfigError("no checkpoint to average", "checkpoints")
     target = check_output_path(_path(out, "out"), "--out")  # type: ignore[arg-type]
     for n, path in enumerate(paths):
-        if _same_path(path, target):
+        if same_file(path, target):  # through links too
             raise ConfigError(f"{target} is also checkpoint {n + 1} to average: it would be replaced; "
                               "choose another output", "--out")
-        if any(_same_path(path, earlier) for earlier in paths[:n]):  # it would count twice in the mean
+        if any(same_file(path, earlier) for earlier in paths[:n]):  # it would count twice in the mean
             raise ConfigError(f"{path} is given more than once: give each checkpoint once", "checkpoints")
     return write_averaged_checkpoint(paths, target, across_runs)  # type: ignore[arg-type]
-
-
-def _same_path(a: Path, b: Path) -> bool:
-    """Whether two paths name one file: the same path once resolved, or the same inode (a hard link)."""
-    from structnmt.io import same_file
-
-    return a.resolve() == b.resolve() or same_file(a, b)
 
 
 def export_ctranslate2(checkpoint: str | Path, out_dir: str | Path, dataset: str | Path | None = None,
@@ -396,14 +381,18 @@ def inspect(run: str | Path, what: Literal["trees", "phrases", "align", "heads"]
 def methods() -> dict[str, dict[str, Any]]:
     """Every structure-aware method and baseline: its one-line description, the structure
     fields it reads (in training and at translation time) and its parameters' defaults."""
+    from structnmt.config import ModelConfig
     from structnmt.model.methods import METHODS, _discover, method_params_doc
 
     _discover()
     out = {}
     for name in sorted(METHODS):
         cls = METHODS[name]
+        # what an instance with the default parameters reads: some methods set it per instance,
+        # from the stacks they are configured for
+        built = cls(cls.Params(name=name), ModelConfig())
         out[name] = {"doc": (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else "",
-                     "needs": dict(cls.needs), "needs_at_inference": dict(cls.needs_at_inference),
+                     "needs": dict(built.needs), "needs_at_inference": dict(built.needs_at_inference),
                      "defaults": method_params_doc(name)}
     return out
 

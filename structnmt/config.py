@@ -412,6 +412,15 @@ class TrainingConfig:
 MAX_BEAM = 1000
 
 
+def check_count(value: Any, where: str, least: int, note: str = "") -> None:
+    """An integer argument (a command's option, an API argument) of at least ``least``, or a
+    :class:`ConfigError` naming ``where``; ``note`` says what the smallest values mean."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"expected an integer, got {value!r}", where)
+    if value < least:
+        raise ConfigError(f"must be at least {least}, got {value}{note}", where)
+
+
 def check_beam(beam: int, where: str) -> None:
     """Refuse a beam over :data:`MAX_BEAM` naming ``where``, before a search that would not end."""
     _need(beam <= MAX_BEAM, f"must be at most {MAX_BEAM}, got {beam} (search memory and time grow with the "

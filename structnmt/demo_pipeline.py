@@ -60,14 +60,14 @@ def run_demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 
     logging.getLogger("sacrebleu").setLevel(logging.ERROR)
     work = Path(work)
     started = time.perf_counter()
+    from structnmt.config import check_count
     from structnmt.errors import ConfigError
 
     # checked before the work directory is touched: a size of 0 only failed in `prepare`, naming
     # the demo's own empty data/train.src, and a negative seed deep in NumPy with a traceback
     for option, value, least in (("--steps", steps, 1), ("--train-size", train_size, 1),
                                  ("valid_size", valid_size, 1), ("test_size", test_size, 1), ("--seed", seed, 0)):
-        if value < least:
-            raise ConfigError(f"must be at least {least}, got {value}", option)
+        check_count(value, option, least)
     if seed >= 2**32:  # NumPy's and the trainer's seeds are 32-bit
         raise ConfigError(f"must be below 2**32, got {seed}", "--seed")
     if minutes < 0:

@@ -25,7 +25,7 @@ import tarfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from structnmt.data.download import base_url, mirror_checksums, url_of
+from structnmt.data.download import base_url, check_local_copy, mirror_checksums, url_of
 from structnmt.data.download import fetch as fetch_file
 from structnmt.errors import DataError
 from structnmt.io import atomic_open
@@ -50,9 +50,8 @@ _SEG = re.compile(r"<seg[^>]*>\s*(.*?)\s*</seg>")
 def fetch(archives: dict[str, str], out: Path, local: Path | None, base: str | None = None) -> dict[str, Path]:
     """The archives, from ``local`` if given, else downloaded into ``out/downloads`` (from the mirror
     ``base`` or ``$STRUCTNMT_DOWNLOAD_URL`` when set, else from their public homes)."""
-    if local is not None and not local.is_dir():  # said as such, not as an archive that "is not here"
-        what = "is not a folder" if local.exists() else "no such folder"
-        raise DataError(f"{what} (--from: the folder holding a local copy of {', '.join(archives)})", local)
+    if local is not None:
+        check_local_copy(local, f"--from: the folder holding a local copy of {', '.join(archives)}")
     found = {}
     base = base_url(base) if local is None else None
     sums = mirror_checksums(base)

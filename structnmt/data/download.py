@@ -61,6 +61,14 @@ class NotFoundError(DownloadError):
     """The server has no such file (HTTP 404)."""
 
 
+def check_local_copy(folder: str | Path, holding: str) -> None:
+    """Refuse a ``--from`` folder that is not there (or not a folder), saying so, rather than as
+    a file it should hold that "is not here"; ``holding`` says what it was to hold."""
+    if not Path(folder).is_dir():
+        what = "is not a folder" if Path(folder).exists() else "no such folder"
+        raise DataError(f"{what} ({holding})", folder)
+
+
 def base_url(given: str | None = None) -> str | None:
     """The mirror to fetch from: ``given``, else ``$STRUCTNMT_DOWNLOAD_URL``, else None (public homes)."""
     value = given or os.environ.get(BASE_URL_ENV) or None

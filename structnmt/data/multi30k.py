@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from structnmt.config import DataConfig, dump_yaml, from_dict
-from structnmt.data.download import NotFoundError, base_url, fetch, mirror_checksums, url_of
+from structnmt.data.download import NotFoundError, base_url, check_local_copy, fetch, mirror_checksums, url_of
 from structnmt.errors import ConfigError, DataError
 from structnmt.io import atomic_write_text
 
@@ -61,9 +61,8 @@ def build_multi30k(pair: str, out: Path, from_dir: Path | None = None, base: str
     for lang in (src, tgt):
         if lang not in LANGS:
             raise ConfigError(f"Multi30k has no {lang!r} (languages: {', '.join(LANGS)})", "pair")
-    if from_dir is not None and not Path(from_dir).is_dir():  # not "no train.en.gz" in a folder that is not there
-        what = "is not a folder" if Path(from_dir).exists() else "no such folder"
-        raise DataError(f"{what} (the local copy of the Multi30k raw files, {', '.join(SPLITS)})", from_dir)
+    if from_dir is not None:  # not "no train.en.gz" in a folder that is not there
+        check_local_copy(from_dir, f"the local copy of the Multi30k raw files, {', '.join(SPLITS)}")
     out = Path(out)
     base = base_url(base) if from_dir is None else None
     sums = mirror_checksums(base)

@@ -40,6 +40,11 @@ def _read_json(path: Path) -> dict[str, Any] | None:
 
 def read_log(path: str | Path) -> list[dict[str, Any]]:
     """The records of a ``log.jsonl`` training log (blank lines skipped)."""
+    return [record for _, record in read_log_numbered(path)]
+
+
+def read_log_numbered(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
+    """(1-based line, record) of a ``log.jsonl``, so that a bad value can be named where it is."""
     path = Path(path)
     records = []
     try:
@@ -57,7 +62,7 @@ def read_log(path: str | Path) -> list[dict[str, Any]]:
             raise DataError(f"not valid JSON ({err.msg})", path, number) from None
         if not isinstance(record, dict):
             raise DataError("expected a JSON object", path, number)
-        records.append(record)
+        records.append((number, record))
     return records
 
 

@@ -15,7 +15,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from structnmt.config import check_count
 from structnmt.study.spec import Study, is_device, load_study
+
+#: what leaving ``--jobs`` out means, said where 0 is refused
+JOBS_NOTE = " (leave it out for the study file's executor.jobs)"
 
 __all__ = ["Study", "format_status", "load_study", "run_study", "study_status"]
 
@@ -137,11 +141,8 @@ def machine_here(threads_setting: int, jobs: int) -> tuple[str, int]:
 def format_status(rows: list[dict[str, Any]], jobs: int | None = None) -> str:
     """The status table; its last line forecasts the time left with ``jobs`` runs at once
     (``--jobs``; default: the study file's ``executor.jobs``, which each row carries)."""
-    if jobs is not None and jobs < 1:  # 0 meant "the study file's" silently; say so rather than guess
-        from structnmt.errors import ConfigError
-
-        raise ConfigError(f"must be at least 1, got {jobs} (leave it out for the study file's executor.jobs)",
-                          "--jobs")
+    if jobs is not None:  # 0 meant "the study file's" silently; say so rather than guess
+        check_count(jobs, "--jobs", 1, JOBS_NOTE)
     jobs = jobs or next((r["jobs"] for r in rows if r.get("jobs")), 1)
     lines = [f"{'recipe':<24} {'seed':>4}  {'state':<11} {'step':>6} {'BLEU':>6}  note"]
     for r in rows:
@@ -306,9 +307,7 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
     adopted = 0
     kind = executor or study.executor.kind
     jobs = study.executor.jobs if jobs is None else jobs  # 0 is no count: refused, not the file's
-    if jobs < 1:
-        raise ConfigError(f"must be at least 1, got {jobs} (leave it out for the study file's executor.jobs)",
-                          "--jobs")
+    check_count(jobs, "--jobs", 1, JOBS_NOTE)
     unknown = sorted(set(only or []) - {r.name for r in study.recipes})
     if unknown:
         raise ConfigError(f"not a recipe of the study: {', '.join(unknown)} "

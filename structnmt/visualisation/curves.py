@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from structnmt.errors import DataError
-from structnmt.evaluation.report import read_log
+from structnmt.evaluation.report import read_log_numbered
 from structnmt.visualisation.attention import DPI, figure_format, new_figure, save_figure
 
 PANELS = (("train", "loss", "train loss"), ("valid", "loss", "valid loss"), ("valid", "bleu", "valid BLEU"))
@@ -16,15 +16,6 @@ _NON_FINITE = frozenset({"nan", "inf", "-inf"})
 
 #: a record of a log with the 1-based line it was read from
 Numbered = tuple[int, dict[str, Any]]
-
-
-def _numbered_records(log: Path) -> list[Numbered]:
-    """``read_log``'s records (it names an unreadable file or a line that is no JSON object) with
-    their line numbers, so that a bad value can be named where it is."""
-    records = read_log(log)
-    lines = log.read_text(encoding="utf-8").split("\n")
-    numbers = [n for n, line in enumerate(lines, start=1) if line.strip()]  # read_log skips blank lines
-    return list(zip(numbers, records))
 
 
 def _number(record: dict[str, Any], key: str, log: Path, line: int) -> float | None:
@@ -76,7 +67,7 @@ def plot_training_curves(
         log = path / "log.jsonl" if path.is_dir() else path
         if not log.exists():
             raise DataError("training log not found", log)
-        records = _numbered_records(log)
+        records = read_log_numbered(log)
         for ax, (kind, key, _) in zip(axes, PANELS):
             steps, values = _series(records, kind, key, log)
             if steps:

@@ -133,9 +133,6 @@ class DBSA(Method[DBSAParams]):
     adds_parameters = True
     loss_prefix = "dbsa"
     readouts = {"dependency_tree": "dbsa"}  # the head's attention is its parser (SISA, SyncAttn inherit it)
-    #: what the default stacks read (encoder and decoder), for ``structnmt methods``; ``__init__``
-    #: sets each instance's own from the configured stacks, which is what training uses
-    needs = {"src": ("valid", "parent_first"), "tgt": ("valid", "parent_first")}
 
     def __init__(self, params: DBSAParams, model_cfg) -> None:
         super().__init__(params, model_cfg)

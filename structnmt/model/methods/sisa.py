@@ -43,6 +43,4 @@ class SISA(DBSA):
     """One encoder head supervised to attend to each token's dependency parent (Strubell et al. 2018)."""
 
     Params = SISAParams
-    #: the source side only (for ``structnmt methods``; instances set theirs in DBSA's ``__init__``)
-    needs = {"src": ("valid", "parent_first")}
     loss_prefix = "sisa"
