@@ -26,7 +26,8 @@ _LAZY = {
     **{name: "structnmt.api" for name in (
         "load", "load_config", "prepare", "prepare_multi30k", "train", "test", "evaluate", "average", "demo",
         "report", "plot_attention", "plot_curves", "inspect", "methods", "train_parser", "evaluate_parser",
-        "run_study", "study_status", "study_report",
+        "run_study", "study_status", "study_report", "study_compare", "download", "prepare_stage",
+        "export_ctranslate2", "export_trees", "import_trees",
     )},
     "Translator": "structnmt.decoding.translator",
     "AttentionMaps": "structnmt.decoding.attention_maps",
@@ -35,9 +36,10 @@ _LAZY = {
 
 __all__ = [
     "AttentionMaps", "CheckpointError", "ConfigError", "DataError", "ExperimentConfig", "ParserError",
-    "StructNMTError", "Translator", "__version__", "average", "demo", "evaluate", "evaluate_parser", "inspect",
-    "load", "load_config", "methods", "plot_attention", "plot_curves", "prepare", "prepare_multi30k", "report",
-    "run_study", "study_report", "study_status", "test", "train", "train_parser",
+    "StructNMTError", "Translator", "__version__", "average", "demo", "download", "evaluate", "evaluate_parser",
+    "export_ctranslate2", "export_trees", "import_trees", "inspect", "load", "load_config", "methods",
+    "plot_attention", "plot_curves", "prepare", "prepare_multi30k", "prepare_stage", "report", "run_study",
+    "study_compare", "study_report", "study_status", "test", "train", "train_parser",
 ]
 
 

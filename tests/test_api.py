@@ -75,6 +75,21 @@ def test_importing_structnmt_loads_no_torch() -> None:
     assert {"load", "load_config", "prepare", "train", "test", "evaluate"} <= set(structnmt.__all__)
 
 
+def test_every_public_function_of_the_api_is_a_name_of_structnmt() -> None:
+    """The README promises every command as one function of ``structnmt``: a function added to
+    ``structnmt.api`` but not to the lazy name list would be an AttributeError there."""
+    import inspect
+
+    import structnmt.api as api
+
+    public = {name for name, value in vars(api).items()
+              if inspect.isfunction(value) and value.__module__ == api.__name__ and not name.startswith("_")}
+    assert public <= set(structnmt.__all__), sorted(public - set(structnmt.__all__))
+    for name in public:
+        assert getattr(structnmt, name) is getattr(api, name)
+    assert set(structnmt.__all__) <= set(dir(structnmt))
+
+
 # ---------------------------------------------------------------------------
 # translating
 
@@ -159,6 +174,19 @@ def test_score_is_the_log_probability_greedy_search_reports(here: Path) -> None:
 
 # ---------------------------------------------------------------------------
 # testing and scoring
+
+
+def test_evaluate_scores_ribes_from_the_command_line_as_from_python(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture) -> None:
+    hyps = ["the cat sat on the mat .", "a dog runs in the park ."]
+    refs = ["the cat sat on a mat .", "a dog runs through the park ."]
+    _write(tmp_path / "h.txt", "".join(h + "\n" for h in hyps))
+    _write(tmp_path / "r.txt", "".join(r + "\n" for r in refs))
+    code, out, _ = cli(capsys, "evaluate", "--hyp", str(tmp_path / "h.txt"), "--ref", str(tmp_path / "r.txt"),
+                       "--metrics", "bleu", "ribes")
+    ribes = structnmt.evaluate(hyps, refs, metrics="ribes")["ribes"]
+    assert code == 0 and 50.0 < ribes < 100.0  # word order kept, some words differ
+    assert f"RIBES = {ribes:.2f}   nltk.corpus_ribes" in out
 
 
 def test_test_and_evaluate_give_the_cli_scores(here: Path, capsys: pytest.CaptureFixture) -> None:

@@ -418,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("evaluate", help="score detokenised hypotheses with sacreBLEU")
     s.add_argument("--hyp", required=True, help="hypothesis file ('-': standard input)")
     s.add_argument("--ref", required=True, action="append", help="reference file, one per --ref ('-': standard input)")
-    s.add_argument("--metrics", nargs="+", default=["bleu", "chrf"], choices=["bleu", "chrf", "ter"])
+    s.add_argument("--metrics", nargs="+", default=["bleu", "chrf"], choices=["bleu", "chrf", "ter", "ribes"])
     s.add_argument("--tokenize", help="sacreBLEU tokeniser (default: 13a)")
     s.add_argument("--allow-empty", action="store_true", help="accept empty hypothesis lines")
     s.set_defaults(func=cmd_evaluate)

@@ -334,7 +334,7 @@ def train_ud_parser(
     dev: Path | None,
     out: Path,
     max_steps: int = 1000,
-    eval_frequency: int = 200,
+    eval_frequency: int = 500,
     seed: int = 0,
     threads: int = 1,
     size: ParserSize | None = None,
