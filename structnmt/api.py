@@ -66,8 +66,6 @@ def load_config(path: str | Path, overrides: Overrides = None) -> ExperimentConf
     ``overrides`` are dotted keys set after reading: ``{"training.max_steps": 100}`` or
     ``["training.max_steps=100"]``. Errors name the file and the field.
     """
-    import structnmt.model.methods  # noqa: F401 (the registry the config's method entries are typed by)
-
     return _read_config(_path(path, "path"), _overrides(overrides))  # type: ignore[arg-type]
 
 

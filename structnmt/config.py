@@ -156,13 +156,13 @@ def method_params(entry: Any, where: str) -> MethodParams:
         return entry
     if not isinstance(entry, dict) or "name" not in entry:
         raise ConfigError(f"expected a mapping with the method's name, got {entry!r}", where)
-    if not METHOD_PARAMS:
-        raise RuntimeError("model.methods cannot be read before the method registry is loaded: "
-                           "use structnmt.load_config, or import structnmt.model.methods first")
+    if not METHOD_PARAMS:  # the registry types the entries: loaded here, on the first config that has some
+        import structnmt.model.methods  # noqa: F401
     name = entry["name"]
     cls = METHOD_PARAMS.get(name) if isinstance(name, str) else None
     if cls is None:
-        raise ConfigError(f"unknown method {name!r} (known: {', '.join(sorted(METHOD_PARAMS))})", f"{where}.name")
+        raise ConfigError(f"unknown method {name!r} (known: {', '.join(sorted(METHOD_PARAMS))}; a method defined "
+                          f"outside structnmt is found when STRUCTNMT_METHODS names its module)", f"{where}.name")
     try:
         params = from_dict(cls, cls.respell(entry, where), where)
     except ConfigError as err:
@@ -552,8 +552,7 @@ def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Ex
     (``training.max_steps``) set after loading. Relative paths inside are taken from the
     directory the command runs in (the recipes assume the project's root).
 
-    Every field is checked, each ``model.methods`` entry as its method's typed parameters (the
-    method registry must be loaded: :func:`structnmt.load_config`, the public loader, does that).
+    Every field is checked, each ``model.methods`` entry as its method's typed parameters.
     """
     path = Path(path)
     raw = _read_yaml(path)

@@ -86,7 +86,7 @@ def run_demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 
         say(f"training with {why}")
     for key, value in overrides.items():
         set_dotted(raw, key, value)
-    cfg = config_from_dict(raw)  # the trainer's import above loaded the method registry
+    cfg = config_from_dict(raw)
     claim_work_dir(work, force)
     say(f"writing the synthetic task to {work / 'data'}")
     write_task(work / "data", sizes={"train": train_size, "val": valid_size, "test": test_size}, seed=seed)

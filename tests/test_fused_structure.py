@@ -239,6 +239,51 @@ def test_cached_decoding_steps_agree(dataset, case, fused_kernel):
     torch.testing.assert_close(steps[fused_kernel], steps["explicit"], rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_cached_decoding_computes_what_one_pass_over_the_prefix_computes(dataset, case):
+    """For every registered method (a user's too, when STRUCTNMT_METHODS names it): decoding step
+    by step from the cache, queries at ``q_offset > 0``, gives the logits of one causal pass over
+    the whole prefix. A decoder plug-in that read its rows as starting at 0 would differ."""
+    model, _ = build(case, dataset)
+    source = batches(dataset, "test", model, inference=True)[0]
+    generator = torch.Generator().manual_seed(1)
+    prefix = torch.cat([torch.full((source.size, 1), BOS_ID, dtype=torch.long),
+                        torch.randint(4, vocab_size(dataset), (source.size, 4), generator=generator)], 1)
+    with torch.no_grad():
+        enc = model.encode(source.src, {"src": source.struct["src"], "tgt": {}})
+        full = model.decode(prefix, enc)
+        cache = model.new_cache()
+        steps = torch.cat([model.decode(prefix[:, t: t + 1], enc, cache=cache) for t in range(prefix.size(1))], 1)
+    torch.testing.assert_close(steps, full, rtol=1e-4, atol=1e-5)
+
+
+def test_a_term_of_fewer_dims_is_read_as_broadcasting_reads_it():
+    """``term`` may return any shape broadcastable to (B, H, I, J), (I, J) included: FlexAttention's
+    cell-by-cell reading gives what the explicit route's sum gives."""
+    from structnmt.model.attention import gathered, on_grid
+
+    scores = torch.randn(2, 3, 4, 5)
+    for term in (torch.randn(4, 5), torch.randn(5), torch.randn(3, 1, 5), torch.randn(2, 1, 4, 1)):
+        torch.testing.assert_close(on_grid(gathered(term), scores), scores + term)
+
+
+def test_a_probability_scale_runs_on_sdpa_only_when_its_plugin_promises_m_at_most_one():
+    """SDPA's form of A·M needs log(1 - M): a user's PROB_SCALE plug-in that does not promise
+    0 <= M <= 1 stays on the explicit route (an M above 1 there would be NaN, not an error)."""
+    from structnmt.model.methods.sasa import SasaPlugin
+    from structnmt.model.methods.udiscal import UdiscalPlugin
+
+    class Doubling(AttentionPlugin):
+        effect = Effect.PROB_SCALE
+
+        def scale(self, ctx):
+            return torch.full((1,), 2.0)
+
+    assert not runs_on(Doubling([0]), "sdpa") and runs_on(Doubling([0]), "explicit")
+    assert runs_on(SasaPlugin([0], "binary", 1.0), "sdpa")
+    assert runs_on(UdiscalPlugin([0], 1.0), "sdpa") and not runs_on(UdiscalPlugin([0], 0.1), "sdpa")
+
+
 @pytest.mark.parametrize("case", ["dbsa", "sisa", "syncattn", "relative_position", "pascal", "deps_san_rs"])
 def test_non_additive_methods_stay_explicit(dataset, case, routes):
     """Methods that read or replace the weights stay explicit on every route; a scaling of the scores

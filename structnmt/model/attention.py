@@ -118,7 +118,10 @@ def on_grid(fn: ScoreMod, s: Tensor) -> Tensor:
 
 
 def _cell(t: Tensor) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
-    """``t[b, h, q, kv]`` of a tensor broadcastable to (B, H, I, J) (index 0 on its size-1 dims)."""
+    """``t[b, h, q, kv]`` of a tensor broadcastable to (B, H, I, J) (index 0 on its size-1 dims;
+    fewer dims are the trailing ones, as broadcasting reads them)."""
+    if t.dim() < 4:
+        t = t.reshape((1,) * (4 - t.dim()) + tuple(t.shape))
     by_b, by_h, by_i, by_j = (size > 1 for size in t.shape)
 
     def cell(b: Tensor, h: Tensor, q_idx: Tensor, kv_idx: Tensor) -> Tensor:

@@ -245,8 +245,6 @@ class Study(StudyFile):
         overrides = {**self.overrides, **r.overrides,
                      "training.seed": seed, "training.max_steps": self.max_steps, "training.max_minutes": 0,
                      "training.out_dir": str(self.run_dir(recipe, seed)), "training.progress": False}
-        import structnmt.model.methods  # noqa: F401 (the registry the recipes' method entries are typed by)
-
         return load_config(r.config, overrides)
 
 

@@ -323,7 +323,7 @@ def load_model(path: str | Path, device: str | torch.device = "cpu",
     try:
         cfg = config_from_dict(state["config"])
     except ConfigError as err:
-        raise CheckpointError(f"{path}: the stored config is not valid for this version ({err})") from None
+        raise CheckpointError(f"{path}: the stored config cannot be read here ({err})") from None
     vocab = state["vocab"]
     if dataset_dir is not None:
         current = dataset_fingerprint(dataset_dir)

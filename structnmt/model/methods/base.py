@@ -149,7 +149,8 @@ class AttentionPlugin(nn.Module):
     #: the plug-in's one effect (set on the class, or in ``__init__`` when a parameter decides)
     effect: Effect = Effect.EXPLICIT
     #: ``PROB_SCALE`` only: whether ``0 <= M <= 1`` always holds, which SDPA's form needs
-    scale_at_most_one: bool = True
+    #: (``log(1 - M)``); off unless a plug-in promises it, so that a larger M stays explicit
+    scale_at_most_one: bool = False
 
     def __init__(self, heads: list[int]) -> None:
         super().__init__()
@@ -191,8 +192,9 @@ class AttentionPlugin(nn.Module):
     # -- PROB_SCALE ---------------------------------------------------------------------
     def scale(self, ctx: AttentionContext) -> Tensor:
         """M, broadcastable to (B, H, I, J), with the weights becoming ``A * M`` (1 on other heads
-        and untouched cells). With ``0 <= M <= 1`` SDPA runs it: every key is seen twice, with
-        ``log M`` and with ``log(1 - M)`` and a zero value, so the softmax keeps its denominator."""
+        and untouched cells). A plug-in that sets ``scale_at_most_one`` (``0 <= M <= 1`` always)
+        also runs on SDPA: every key is seen twice, with ``log M`` and with ``log(1 - M)`` and a
+        zero value, so the softmax keeps its denominator."""
         raise NotImplementedError
 
     # -- EXPLICIT -----------------------------------------------------------------------
@@ -308,8 +310,11 @@ def register(name: str):
     """Class decorator: make a method available under ``name`` in configs."""
 
     def wrap(cls: type[Method]) -> type[Method]:
-        if name in METHODS and METHODS[name] is not cls:
-            raise ValueError(f"method {name!r} registered twice")
+        old = METHODS.get(name)
+        where = f"{cls.__module__}.{cls.__qualname__}"
+        # the same class defined again (a module reloaded, a notebook cell run twice) replaces it
+        if old is not None and f"{old.__module__}.{old.__qualname__}" != where:
+            raise ValueError(f"method {name!r} registered twice ({old.__module__}.{old.__qualname__} and {where})")
         cls.name = name
         METHODS[name] = cls
         METHOD_PARAMS[name] = cls.Params  # the config floor types entries through this

@@ -89,6 +89,7 @@ class SasaPlugin(AttentionPlugin):
     """A·M without renormalising, 0 <= M <= 1 for every mask kind: a probability scale (SDPA runs it)."""
 
     effect = Effect.PROB_SCALE
+    scale_at_most_one = True
 
     def __init__(self, heads: list[int], mask: str, c: float) -> None:
         super().__init__(heads)
