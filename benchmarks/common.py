@@ -305,7 +305,6 @@ def smoke_task(work: Path, base_config: str = "configs/multi30k_en_de_transforme
     training sections, so a benchmark's own code path runs end to end in seconds."""
     import yaml
 
-    import structnmt.model.methods  # noqa: F401 (the registry config_from_dict types method entries by)
     from structnmt.config import config_from_dict
     from structnmt.data.prepare import prepare
     from structnmt.data.synthetic import demo_config, write_task

@@ -27,7 +27,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import RESULTS, command_line, machine, markdown_table, write_report  # noqa: E402
 
-import structnmt.model.methods  # noqa: E402, F401 (the registry config_from_dict types method entries by)
 from structnmt.config import config_from_dict  # noqa: E402
 from structnmt.data.dataset import ParallelDataset  # noqa: E402
 from structnmt.data.prepare import prepare  # noqa: E402

@@ -380,9 +380,9 @@ def methods() -> dict[str, dict[str, Any]]:
     """Every structure-aware method and baseline: its one-line description, the structure
     fields it reads (in training and at translation time) and its parameters' defaults."""
     from structnmt.config import ModelConfig
-    from structnmt.model.methods import METHODS, _discover, method_params_doc
+    from structnmt.model.methods import METHODS, discover, method_params_doc
 
-    _discover()
+    discover()
     out = {}
     for name in sorted(METHODS):
         cls = METHODS[name]

@@ -156,8 +156,9 @@ def method_params(entry: Any, where: str) -> MethodParams:
         return entry
     if not isinstance(entry, dict) or "name" not in entry:
         raise ConfigError(f"expected a mapping with the method's name, got {entry!r}", where)
-    if not METHOD_PARAMS:  # the registry types the entries: loaded here, on the first config that has some
-        import structnmt.model.methods  # noqa: F401
+    from structnmt.model.methods import discover  # the registry types the entries (the user's methods too)
+
+    discover()
     name = entry["name"]
     cls = METHOD_PARAMS.get(name) if isinstance(name, str) else None
     if cls is None:

@@ -9,8 +9,8 @@ count ``n`` for the first n heads, or ``"all"``), resolved into :class:`Site` s 
 against the depth of the stack each site lies in.
 
 It sits on the config floor and imports no model code: the methods register their ``Params``
-classes into :data:`METHOD_PARAMS` when :mod:`structnmt.model.methods` is imported (the public
-loader :func:`structnmt.load_config` does that first), the way a registry of plug-ins works.
+classes into :data:`METHOD_PARAMS` when :mod:`structnmt.model.methods` is imported (the config
+loader imports it on the first method entry it reads), the way a registry of plug-ins works.
 """
 
 from __future__ import annotations

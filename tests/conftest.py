@@ -7,10 +7,6 @@ from pathlib import Path
 import pytest
 import torch
 
-# the method registry, which the config loader types ``model.methods`` entries by (the public
-# loader, structnmt.load_config, imports it; tests also call structnmt.config's loaders directly)
-import structnmt.model.methods  # noqa: F401
-
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared"
 

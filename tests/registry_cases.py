@@ -22,7 +22,7 @@ from structnmt.data.dataset import ParallelDataset
 from structnmt.data.prepare import prepare
 from structnmt.data.synthetic import demo_config, write_task
 from structnmt.model.methods import METHODS
-from structnmt.model.methods import _discover as discover_methods
+from structnmt.model.methods import discover as discover_methods
 from structnmt.model.transformer import Transformer
 
 #: each registered method at least once, with the variants whose code paths differ (two layers each side)

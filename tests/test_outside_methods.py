@@ -76,10 +76,12 @@ def test_a_method_named_by_structnmt_methods_is_known_to_every_command(tmp_path:
     code = ("import structnmt; c = structnmt.load_config('c.yaml'); "
             "print(type(c.model.methods[0]).__name__, c.model.methods[0].bonus)")
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "STRUCTNMT_METHODS": "usermethods"}
-    read = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    read = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=120)
     assert read.stdout.split() == ["ParentBonusParams", "2.5"], read.stderr
     env.pop("STRUCTNMT_METHODS")
-    refused = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True)
+    refused = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                             timeout=120)
     assert "model.methods[0].name: unknown method 'parent_bonus'" in refused.stderr
     assert "found when STRUCTNMT_METHODS names its module" in refused.stderr
 
@@ -98,6 +100,61 @@ def test_a_module_that_cannot_be_imported_is_named_in_one_line(tmp_path: Path, m
     result = structnmt_cli(tmp_path, f" {modules} ,", "methods")
     assert result.returncode == 2
     assert result.stderr == message.format(tmp=tmp_path)
+
+
+def test_an_installed_packages_entry_point_offers_its_methods_and_a_broken_one_is_named(tmp_path: Path) -> None:
+    (tmp_path / "usermethods.py").write_text(USER_MODULE, encoding="utf-8")
+    info = tmp_path / "mine-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: mine\nVersion: 0.1\n", encoding="utf-8")
+    (info / "entry_points.txt").write_text("[structnmt.methods]\nmine = usermethods\n", encoding="utf-8")
+    listed = structnmt_cli(tmp_path, "", "methods")
+    assert listed.returncode == 0 and "parent_bonus: A fixed bonus" in listed.stdout, listed.stderr
+    (info / "entry_points.txt").write_text("[structnmt.methods]\nmine = mine_gone\n", encoding="utf-8")
+    broken = structnmt_cli(tmp_path, "", "methods")
+    assert broken.returncode == 2
+    assert broken.stderr == ("error: entry points structnmt.methods: cannot import 'mine_gone' (entry point 'mine') "
+                             "(is its folder on PYTHONPATH?): ModuleNotFoundError: No module named 'mine_gone'\n")
+
+
+def test_outside_modules_load_on_first_use_so_they_may_import_any_part_of_structnmt(tmp_path: Path) -> None:
+    """Loaded when the registry is first read, not when structnmt.model.methods is imported: a
+    module importing the attention module, imported first, is not half-initialised; a module
+    that failed is tried again, and the variable is read again, in the same process."""
+    (tmp_path / "usermethods.py").write_text(USER_MODULE, encoding="utf-8")
+    (tmp_path / "usesattention.py").write_text(
+        "from structnmt.model.attention import gathered  # noqa: F401\nfrom usermethods import ParentBonus  # noqa\n",
+        encoding="utf-8")
+    code = textwrap.dedent("""\
+        import importlib, os, structnmt.model.attention
+        from structnmt.config import config_from_dict
+        from structnmt.errors import ConfigError
+        def read(name):
+            try:
+                return config_from_dict({"model": {"methods": [{"name": name}]}}).model.methods[0].name
+            except ConfigError as err:
+                return f"refused: {err}"
+        os.environ["STRUCTNMT_METHODS"] = "not_yet_written"
+        print(read("parent_bonus"))
+        open("not_yet_written.py", "w").write("")
+        importlib.invalidate_caches()
+        print(read("parent_bonus")[:61])
+        os.environ["STRUCTNMT_METHODS"] = "not_yet_written,usesattention"
+        print(read("parent_bonus"), read("pascal"))
+        from structnmt.study.provenance import outside_methods  # what a study record names
+        print({name: len(digest) for name, digest in outside_methods().items()})
+        """)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    env.pop("STRUCTNMT_METHODS", None)
+    result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=120)
+    assert result.stdout.splitlines() == [
+        "refused: STRUCTNMT_METHODS: cannot import module 'not_yet_written' (is its folder on PYTHONPATH?): "
+        "ModuleNotFoundError: No module named 'not_yet_written'",
+        "refused: model.methods[0].name: unknown method 'parent_bonus'",  # imported now: it defines none
+        "parent_bonus pascal",
+        "{'not_yet_written': 64, 'usesattention': 64}",
+    ], result.stderr
 
 
 def test_a_method_defined_again_replaces_itself_and_another_class_of_that_name_is_refused() -> None:

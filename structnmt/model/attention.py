@@ -13,7 +13,7 @@ effect          explicit  sdpa   flex
 QUERY_KEY       yes       yes    yes
 ADDITIVE        yes       yes    yes (the term gathered cell by cell)
 SCORE_FN        yes       no     yes
-PROB_SCALE      yes       yes    no  (SDPA only while ``0 <= M <= 1``)
+PROB_SCALE      yes       yes    no  (SDPA only where the plug-in sets ``scale_at_most_one``)
 EXPLICIT        yes       no     no
 ==============  ========  =====  ====
 
@@ -328,10 +328,11 @@ class MultiHeadAttention(nn.Module):
 
     def _sdpa(self, q: Tensor, k: Tensor, v: Tensor, key_padding: Tensor | None, causal: bool,
               ctx: AttentionContext) -> Tensor:
-        """SDPA; the ADDITIVE terms go into the float mask. The PROB_SCALE factors M (0 ≤ M ≤ 1)
-        multiply the weights without renormalising them: every key is seen twice, with ``log M``
-        and its value, and with ``log(1 − M)`` and a zero value, so that ``softmax`` keeps the
-        unscaled weights' denominator and the output is ``Σ_j A_ij M_ij v_j``."""
+        """SDPA; the ADDITIVE terms go into the float mask. The PROB_SCALE factors M (0 ≤ M ≤ 1:
+        plug-ins that set ``scale_at_most_one``) multiply the weights without renormalising them:
+        every key is seen twice, with ``log M`` and its value, and with ``log(1 − M)`` and a zero
+        value, so that ``softmax`` keeps the unscaled weights' denominator and the output is
+        ``Σ_j A_ij M_ij v_j``."""
         bias = scale = None
         for plugin in self.plugins:
             if plugin.effect is Effect.ADDITIVE:

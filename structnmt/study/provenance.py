@@ -12,6 +12,7 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -98,6 +99,18 @@ def versions() -> dict[str, str | None]:
             out[package] = version(package)
         except PackageNotFoundError:
             out[package] = None
+    return out
+
+
+def outside_methods() -> dict[str, str | None]:
+    """The modules of methods kept outside structnmt that this run loaded, each with its file's
+    SHA-256 (None for a module without a file): structnmt's commit does not pin their code."""
+    from structnmt.model.methods import outside_modules
+
+    out: dict[str, str | None] = {}
+    for name in outside_modules():
+        path = getattr(sys.modules.get(name), "__file__", None)
+        out[name] = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
     return out
 
 

@@ -38,6 +38,7 @@ from structnmt.study.provenance import (
     git_commit,
     lines_digest,
     machine,
+    outside_methods,
     read_calls,
     resume_step,
     start_call,
@@ -527,6 +528,7 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
         "corpora": corpora_digests(cfg.data.dir), "references": reference_digests(cfg.data.dir, scores),
         "trees": trees_digest(cfg.data.dir) if trees else None,
         "checkpoint": checkpoint,
+        **({"methods_outside": outside} if (outside := outside_methods()) else {}),
         "valid": [{"step": r["step"], "loss": r.get("loss"), "bleu": r.get("bleu")} for r in valid],
         "scores": {name: {k: s[k] for k in ("bleu", "chrf", "signature", "bleu_parts", "sentences", "truncated_lines",
                                               "subset_of", "lines") if k in s}

@@ -16,6 +16,7 @@ import importlib.metadata
 import os
 import pkgutil
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from structnmt.errors import ConfigError
@@ -32,49 +33,72 @@ from structnmt.model.methods.base import (
 
 __all__ = [
     "METHODS", "AttentionContext", "AttentionPlugin", "Method", "MethodParams", "RecordKey", "Site",
-    "register", "build_methods", "structure_needs",
+    "register", "build_methods", "discover", "structure_needs",
 ]
 
-_loaded = False
 #: modules of this package that hold no method (the interface, the helpers methods share)
 _NOT_METHODS = {"base", "shared"}
 #: modules outside the package that define methods, comma-separated
 METHODS_ENV = "STRUCTNMT_METHODS"
 #: the entry-point group through which an installed package offers its methods
 ENTRY_POINT_GROUP = "structnmt.methods"
+#: outside modules already imported, and whether the entry points were
+_loaded_outside: set[str] = set()
+_entry_points_loaded = False
 
 
-def _discover() -> None:
-    global _loaded
-    if _loaded:
-        return
+def _discover_package() -> None:
     for info in pkgutil.iter_modules(__path__):
         if info.name not in _NOT_METHODS and not info.name.startswith("_"):
             importlib.import_module(f"{__name__}.{info.name}")
+
+
+def discover() -> None:
+    """Register the methods kept outside the package (the package's own register on import).
+
+    Called where the registry is first read (a config's method entries, a model's methods,
+    ``structnmt methods``), not when this package is imported, so that a user's module may import
+    any part of structnmt; the variable is read each time, and a module that failed is tried again."""
+    global _entry_points_loaded
     for module in filter(None, (part.strip() for part in os.environ.get(METHODS_ENV, "").split(","))):
-        _load_outside(lambda module=module: importlib.import_module(module), f"module {module!r}", METHODS_ENV)
-    for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        _load_outside(point.load, f"{point.value!r} (entry point {point.name!r})", f"entry points {ENTRY_POINT_GROUP}")
-    _loaded = True
+        if module not in _loaded_outside:
+            _load_outside(lambda module=module: importlib.import_module(module), module, f"module {module!r}",
+                          METHODS_ENV)
+            _loaded_outside.add(module)
+    if not _entry_points_loaded:
+        for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+            _load_outside(point.load, point.module, f"{point.value!r} (entry point {point.name!r})",
+                          f"entry points {ENTRY_POINT_GROUP}")
+            _loaded_outside.add(point.module)
+        _entry_points_loaded = True
 
 
-def _load_outside(load: Any, what: str, where: str) -> None:
+def outside_modules() -> list[str]:
+    """The modules outside the package whose methods this process registered (a study record
+    names them: their code is not in structnmt's commit)."""
+    return sorted(_loaded_outside)
+
+
+def _load_outside(load: Callable[[], object], module: str, what: str, where: str) -> None:
     """Import a module of methods kept outside the package; a failure names the module and the
-    line that failed (the user's own code: a ConfigError, not a traceback through structnmt)."""
+    line of the user's code that raised (one line on the command line; the cause stays chained)."""
     try:
         load()
     except Exception as err:
-        frames = [f for f in traceback.extract_tb(err.__traceback__)[1:]
-                  if not f.filename.startswith("<") and f.filename not in (importlib.__file__, __file__)]
+        library = os.path.dirname(importlib.__file__)
+        frames = [f for f in traceback.extract_tb(err.__traceback__)
+                  if not f.filename.startswith(("<", library)) and f.filename != __file__]
         at = f" at {frames[-1].filename}:{frames[-1].lineno}" if frames else ""
-        hint = " (is its folder on PYTHONPATH?)" if isinstance(err, ModuleNotFoundError) else ""
-        raise ConfigError(f"cannot import {what}{hint}: {type(err).__name__}: {err}{at}", where) from None
+        missing = isinstance(err, ModuleNotFoundError) and err.name is not None \
+            and (module == err.name or module.startswith(err.name + "."))
+        hint = " (is its folder on PYTHONPATH?)" if missing else ""
+        raise ConfigError(f"cannot import {what}{hint}: {type(err).__name__}: {err}{at}", where) from err
 
 
 def build_methods(model_cfg: Any) -> list[Method]:
     """The model's methods, one per ``model.methods`` entry (typed and checked when the config
     was loaded; checked again here against this model, for a ``ModelConfig`` made in code)."""
-    _discover()
+    discover()
     model_cfg.validate("model")
     return [METHODS[params.name](params, model_cfg) for params in model_cfg.methods]
 
@@ -91,10 +115,10 @@ def structure_needs(methods: list[Method], inference: bool = False) -> dict[str,
 
 def method_params_doc(name: str) -> dict[str, Any]:
     """Defaults of a method's parameters (for ``structnmt methods``)."""
-    _discover()
+    discover()
     cls = METHODS[name]
     return {f.name: (f.default if f.default is not dataclasses.MISSING else f.default_factory())
             for f in dataclasses.fields(cls.Params) if f.name != "name"}
 
 
-_discover()  # every method registers itself (and its Params, for the config loader) on import
+_discover_package()  # every method of the package registers itself (and its Params, for the config loader)
