@@ -28,6 +28,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from structnmt.arguments import checked
 from structnmt.config import ExperimentConfig, check_count, parse_overrides, with_overrides
 from structnmt.config import load_config as _read_config
 from structnmt.errors import ConfigError
@@ -60,6 +61,7 @@ def _overrides(overrides: Overrides) -> dict[str, Any]:
 # configs, data, training
 
 
+@checked
 def load_config(path: str | Path, overrides: Overrides = None) -> ExperimentConfig:
     """Read a YAML experiment config and check all of it, ``model.methods`` entries included.
 
@@ -100,6 +102,7 @@ def _config(config: ConfigLike, overrides: Overrides = None) -> ExperimentConfig
     return with_overrides(config, _overrides(overrides))
 
 
+@checked
 def prepare(config: ConfigLike, overrides: Overrides = None, force: bool = False, verbose: bool = True) -> Path:
     """Build the dataset a config's ``data`` section describes (clean, parse, sub-words,
     structures) and return its directory (``data.dir``). An existing dataset built from the
@@ -112,6 +115,7 @@ def prepare(config: ConfigLike, overrides: Overrides = None, force: bool = False
     return build(cfg, force=force, verbose=verbose)
 
 
+@checked
 def prepare_stage(config: ConfigLike, overrides: Overrides = None, *, subwords_only: bool = False,
                   shard: str | None = None, merge: bool = False, jobs: int = 0, slurm: bool = False,
                   slurm_params: dict[str, Any] | None = None, force: bool = False, verbose: bool = True) -> Path:
@@ -136,6 +140,7 @@ def prepare_stage(config: ConfigLike, overrides: Overrides = None, *, subwords_o
     return stages.prepare_sharded(cfg, jobs, slurm=slurm, params=slurm_params, force=force, verbose=verbose)
 
 
+@checked
 def download(corpus: str, out: str | Path, source: str | Path | None = None,
              base_url: str | None = None) -> dict[str, int]:
     """Write ``wmt14-en-de`` or ``iwslt14-de-en`` into ``out`` in the layout its recipes read
@@ -147,6 +152,7 @@ def download(corpus: str, out: str | Path, source: str | Path | None = None,
     return fetch(corpus, out, source, base_url)
 
 
+@checked
 def prepare_multi30k(pair: str = "en-de", source: str | Path | None = None, out: str | Path | None = None,
                      parser: str | None = None, force: bool = False, verbose: bool = True,
                      base_url: str | None = None) -> Path:
@@ -164,6 +170,7 @@ def prepare_multi30k(pair: str = "en-de", source: str | Path | None = None, out:
     return build(ExperimentConfig(data=data), force=force, verbose=verbose)
 
 
+@checked
 def train(config: ConfigLike, overrides: Overrides = None, resume: bool = False,
           prepare_missing: bool = False) -> dict[str, Any]:
     """Train the model a config describes on its prepared dataset; return the run's summary.
@@ -181,6 +188,7 @@ def train(config: ConfigLike, overrides: Overrides = None, resume: bool = False,
     return run(cfg, resume=resume)
 
 
+@checked
 def average(checkpoints: Sequence[str | Path], out: str | Path, across_runs: bool = False) -> Path:
     """Average the weights of several checkpoints of one run into ``out`` (a model that ``load`` reads).
 
@@ -197,11 +205,15 @@ def average(checkpoints: Sequence[str | Path], out: str | Path, across_runs: boo
         if same_file(path, target):  # through links too
             raise ConfigError(f"{target} is also checkpoint {n + 1} to average: it would be replaced; "
                               "choose another output", "--out")
-        if any(same_file(path, earlier) for earlier in paths[:n]):  # it would count twice in the mean
-            raise ConfigError(f"{path} is given more than once: give each checkpoint once", "checkpoints")
+        twin = next((earlier for earlier in paths[:n] if same_file(path, earlier)), None)
+        if twin is not None:  # it would count twice in the mean
+            also = "" if twin == path else (f" as {twin} (one file under two names: the trainer links last.pt and "
+                                            "best.pt to a step's checkpoint)")
+            raise ConfigError(f"{path} is given more than once{also}: give each checkpoint once", "checkpoints")
     return write_averaged_checkpoint(paths, target, across_runs)  # type: ignore[arg-type]
 
 
+@checked
 def export_ctranslate2(checkpoint: str | Path, out_dir: str | Path, dataset: str | Path | None = None,
                        quantization: str | None = None, force: bool = False) -> Path:
     """Write a checkpoint's model as a CTranslate2 model directory (``structnmt export ctranslate2``).
@@ -216,6 +228,7 @@ def export_ctranslate2(checkpoint: str | Path, out_dir: str | Path, dataset: str
                   dataset=dataset, quantization=quantization, force=force)
 
 
+@checked
 def demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 20000, seed: int = 1,
          overrides: Overrides = None, verbose: bool = True, valid_size: int = 300,
          test_size: int = 500, steps: int | None = None, force: bool = False) -> dict[str, Any]:
@@ -234,6 +247,7 @@ def demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 2000
 # translating and scoring
 
 
+@checked
 def load(checkpoint: str | Path, device: str | torch.device | None = None,
          dataset: str | Path | None = None) -> Translator:
     """A :class:`~structnmt.decoding.translator.Translator` for a checkpoint.
@@ -255,6 +269,7 @@ def load(checkpoint: str | Path, device: str | torch.device | None = None,
                            _path(dataset, "dataset", optional=True))
 
 
+@checked
 def test(run: str | Path, checkpoint: str | Path | None = None, splits: Sequence[str] | None = None,
          beam: int | None = None, device: str | None = None, long_dependency: int | None = 7,
          verbose: bool = False) -> dict[str, dict[str, Any]]:
@@ -269,15 +284,12 @@ def test(run: str | Path, checkpoint: str | Path | None = None, splits: Sequence
 
     long_dependency = 0 if long_dependency is None else long_dependency  # None: off, as before
     check_count(long_dependency, "long_dependency", 0, LONG_DEPENDENCY_OFF)
-    if isinstance(splits, str):
-        splits = [splits]
-    if splits is not None and (not isinstance(splits, Sequence) or not all(isinstance(s, str) for s in splits)):
-        raise ConfigError(f"expected a split name or a list of them, got {splits!r}", "splits")
     return evaluate_run(_path(run, "run"), _path(checkpoint, "checkpoint", optional=True),  # type: ignore[arg-type]
                         list(splits) if splits else None, device, beam,
                         quiet=not verbose, long_dependency=long_dependency)
 
 
+@checked(own=("metrics",))  # named with the known metrics
 def evaluate(hypotheses: str | Path | Sequence[str], references: str | Path | Sequence[Any],
              metrics: str | Sequence[str] = ("bleu", "chrf"), tokenize: str | None = None,
              allow_empty: bool = False) -> dict[str, Any]:
@@ -285,7 +297,8 @@ def evaluate(hypotheses: str | Path | Sequence[str], references: str | Path | Se
 
     ``hypotheses`` and ``references`` are files (``str`` or ``Path``; ``-`` is standard input)
     or lists of sentences; several references are a list of ``Path`` objects or of sentence
-    lists. ``metrics``: one or a list of ``bleu``, ``chrf``, ``ter``, ``ribes``. Returns
+    lists. ``metrics``: one or a list of ``bleu``, ``chrf``, ``ter``, ``ribes`` (NLTK's: 0 for a
+    sentence of one word, which has no word pair to order). Returns
     ``{"bleu": 34.1, ..., "signature": {"bleu": ...}}``. An empty hypothesis is refused unless ``allow_empty``.
     """
     from structnmt.evaluation.scores import check_metrics, check_tokenize, corpus_scores, read_parallel
@@ -300,6 +313,7 @@ def evaluate(hypotheses: str | Path | Sequence[str], references: str | Path | Se
 # reports, pictures, analyses
 
 
+@checked
 def report(runs: Sequence[str | Path], baseline: str | None = None, test_sets: Sequence[str] | None = None,
            out: str | Path | None = None, samples: int = 1000, plots: str | Path | None = None) -> str:
     """The Markdown table of several tested runs (``structnmt report``): scores per test set,
@@ -324,6 +338,7 @@ def report(runs: Sequence[str | Path], baseline: str | None = None, test_sets: S
     return text
 
 
+@checked
 def plot_attention(checkpoint: str | Path, out: str | Path, sentence: str | None = None, line: int | None = None,
                    split: str = "test", attention: Literal["encoder", "cross"] = "encoder", layer: int = 1,
                    head: int = 0, dataset: str | Path | None = None, device: str | None = "cpu") -> Path:
@@ -337,15 +352,20 @@ def plot_attention(checkpoint: str | Path, out: str | Path, sentence: str | None
                                 attention=attention, layer=layer, head=head)
 
 
+@checked
 def plot_curves(runs: Sequence[str | Path], out: str | Path) -> Path:
     """Training curves (loss, validation BLEU) of several runs in one picture."""
+    from structnmt.evaluation.report import run_names
     from structnmt.io import check_output_path
     from structnmt.visualisation.curves import plot_training_curves
 
     target = check_output_path(_path(out, "out"), "--out")  # type: ignore[arg-type]
-    return plot_training_curves({Path(r).name: Path(r) for r in runs}, target)
+    if not runs:
+        raise ConfigError("no run to plot", "runs")
+    return plot_training_curves(dict(zip(run_names(runs), map(Path, runs))), target)
 
 
+@checked
 def inspect(run: str | Path, what: Literal["trees", "phrases", "align", "heads"], checkpoint: str | Path | None = None,
             split: str = "test", side: Literal["src", "tgt"] = "src", layer: int | None = None,
             gold: str | Path | None = None, gold_format: GoldFormat = "auto",
@@ -376,6 +396,7 @@ def inspect(run: str | Path, what: Literal["trees", "phrases", "align", "heads"]
                        conllu, src, tgt, parser_uas=parser_uas, parser=parser, without_src=without_src)
 
 
+@checked
 def methods() -> dict[str, dict[str, Any]]:
     """Every structure-aware method and baseline: its one-line description, the structure
     fields it reads (in training and at translation time) and its parameters' defaults."""
@@ -399,20 +420,24 @@ def methods() -> dict[str, dict[str, Any]]:
 # studies
 
 
-def run_study(study: str | Path, jobs: int | None = None, executor: str | None = None,
+@checked
+def run_study(study: str | Path, jobs: int | None = None,
+              executor: Literal["local", "slurm", "submitit-local"] | None = None,
               only: Sequence[str] | None = None, report: bool = True, seeds: Sequence[int] | None = None,
               device: str | None = None, commit: bool | None = None) -> dict[str, Any]:
     """Run a study file (``structnmt study``): every recipe x seed not yet recorded is trained
     and tested at the study's update budget, then the report is written. ``executor``:
     ``local`` (``jobs`` at once), ``slurm`` or ``submitit-local``; ``only`` names recipes and
     ``seeds`` seeds; ``device`` and ``commit``: the study file's ``executor.device`` and
-    ``executor.commit`` for this call. Returns ``{"runs": {"recipe/seedN": status}, "report": path or None}``."""
+    ``executor.commit`` for this call. Returns ``{"runs": {"recipe/seedN": status}, "report": path or None}``
+    (``runs`` holds the runs this call trained or took in: empty when every run was recorded)."""
     from structnmt.study import run_study as run
 
     return run(study, jobs=jobs, executor=executor, only=list(only) if only else None, report=report,
                seeds=list(seeds) if seeds else None, device=device, commit=commit)
 
 
+@checked
 def study_status(study: str | Path) -> list[dict[str, Any]]:
     """Where every run of a study stands: one row per recipe and seed (``state``: done,
     stale, running, failed, interrupted or pending; ``step``; ``bleu``; ``note``)."""
@@ -421,6 +446,7 @@ def study_status(study: str | Path) -> list[dict[str, Any]]:
     return status(study)
 
 
+@checked
 def study_report(study: str | Path, out: str | Path | None = None, baseline: str | None = None) -> Path:
     """Write a study's report from its records (default ``RECORDS/report.md``); returns its path.
     ``baseline``: against another of its recipes instead (``RECORDS/report_vs_BASELINE.md``)."""
@@ -435,6 +461,7 @@ def study_report(study: str | Path, out: str | Path | None = None, baseline: str
     return write_report(load_study(study), out, baseline)
 
 
+@checked
 def study_compare(study: str | Path, recipe: str, seed: int, other: str | Path,
                   seed_of: Sequence[int] | None = None, any_recipe: bool = False,
                   say: Any = None) -> list[str]:
@@ -451,6 +478,7 @@ def study_compare(study: str | Path, recipe: str, seed: int, other: str | Path,
 # parsers
 
 
+@checked
 def export_trees(config: ConfigLike, out: str | Path, overrides: Overrides = None) -> tuple[str, int]:
     """Every tree of the dataset's parse cache as one file (``structnmt trees export``), so a study
     can be redone elsewhere on exactly its trees; returns (the file's SHA-256, number of trees)."""
@@ -481,6 +509,7 @@ def export_trees(config: ConfigLike, out: str | Path, overrides: Overrides = Non
     return export(cache_dir_of(cfg.data), _path(out, "out"), about)  # type: ignore[arg-type]
 
 
+@checked
 def import_trees(config: ConfigLike, file: str | Path, sha256: str | None = None,
                  overrides: Overrides = None) -> dict[str, int]:
     """Pin the dataset's parse cache to a trees file (``structnmt trees import``): ``prepare``
@@ -497,6 +526,7 @@ def import_trees(config: ConfigLike, file: str | Path, sha256: str | None = None
         return pin(_path(file, "file"), cache_dir_of(cfg.data), sha256)  # type: ignore[arg-type]
 
 
+@checked
 def train_parser(lang: str | None = None, conllu: Sequence[str | Path] | None = None, out: str | Path | None = None,
                  dev: str | Path | None = None, preset: str | None = None, shared: str | Path = "../shared/data/ud",
                  steps: int | None = None, eval_frequency: int = 500) -> Path:
@@ -530,6 +560,7 @@ def train_parser(lang: str | None = None, conllu: Sequence[str | Path] | None = 
                            size=size)
 
 
+@checked
 def evaluate_parser(model: str | Path, conllu: str | Path) -> dict[str, Any]:
     """UAS and LAS (and their punctuation-free variants) of a spaCy parser against gold CoNLL-U."""
     from structnmt.parsers.ud_eval import evaluate_parser as score

@@ -497,6 +497,8 @@ def _read_yaml(path: Path, chain: tuple[Path, ...] = ()) -> dict[str, Any]:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError("config file not found", path=path) from None
+    except IsADirectoryError:
+        raise ConfigError("is a directory, not a config file", path=path) from None
     except UnicodeDecodeError as err:
         raise ConfigError(f"not valid UTF-8 ({err.reason})", path=path) from None
     try:

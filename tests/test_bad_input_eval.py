@@ -114,10 +114,10 @@ def test_a_negative_long_dependency_is_named(tmp_path: Path, capsys: pytest.Capt
 
 
 @pytest.mark.parametrize("arguments, expected", [
-    ({"long_dependency": "7"}, "long_dependency: expected an integer, got '7'"),
+    ({"long_dependency": "7"}, "long_dependency: expected an integer or None, got '7'"),
     ({"long_dependency": -1}, "long_dependency: must be at least 0, got -1"),
-    ({"splits": 5}, "splits: expected a split name or a list of them, got 5"),
-    ({"splits": ["test", 2]}, "splits: expected a split name or a list of them, got ['test', 2]"),
+    ({"splits": 5}, "splits: expected a list of strings or None, got 5"),
+    ({"splits": ["test", 2]}, "splits: expected a list of strings or None, got ['test', 2]"),
 ])
 def test_the_api_test_names_the_argument(tmp_path: Path, arguments: dict, expected: str) -> None:
     with pytest.raises(ConfigError) as raised:

@@ -99,3 +99,23 @@ def test_a_significantly_worse_run_gets_a_double_dagger(runs, tmp_path):
     [row] = [line for line in text.split("## Commands")[0].splitlines() if line.startswith("| worse |")]
     assert f"| {BLEU().corpus_score(worse, [refs]).score:.2f}‡ |" in row
     assert "† / ‡: BLEU better / worse than the baseline (base) with p < 0.05 (sacreBLEU paired bootstrap" in text
+
+
+def test_runs_of_one_folder_name_are_told_apart_by_their_parents(tmp_path):
+    """Two seeds' runs are often both ``run``: the report names them by as many parent folders as
+    it takes, and the baseline is one of those names (a dict keyed by ``run`` kept the last one)."""
+    rng = random.Random(1)
+    vocab = "the a cat dog sat ran on under mat".split()
+    refs = [" ".join(rng.choices(vocab, k=6)) for _ in range(30)]
+    worse = [" ".join("xx" if i % 2 else w for i, w in enumerate(r.split())) for r in refs]
+    first = make_run(tmp_path / "seed1", "run", refs, refs, [1000.0], 10)
+    second = make_run(tmp_path / "seed2", "run", worse, refs, [1000.0], 10)
+    from structnmt.evaluation.report import run_names
+
+    assert run_names([first, second, tmp_path / "x" / "other"]) == ["seed1/run", "seed2/run", "other"]
+    text = build_report([first, second], baseline="seed1/run", n_samples=50)
+    assert "| seed1/run (baseline) |" in text and "| seed2/run |" in text
+    with pytest.raises(DataError, match="baseline run 'run' is not among the runs \\(seed1/run, seed2/run\\)"):
+        build_report([first, second], baseline="run", n_samples=50)
+    with pytest.raises(DataError, match="is given more than once"):
+        build_report([first, tmp_path / "seed1" / "run" / "."], n_samples=50)

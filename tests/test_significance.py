@@ -204,6 +204,16 @@ def test_the_pooled_bootstrap_tests_the_mean_over_seeds(big_refs):
     assert pooled_bootstrap(system, baseline, [big_refs], n_samples=200).p_value < 0.05
 
 
+def test_equal_means_are_no_evidence_of_a_difference(big_refs):
+    """sacreBLEU's ties never count, so identical systems would get its smallest p (1/(n+1)) and
+    lead a report's secondary findings; the pooled test gives them p = 1."""
+    system = [big_refs[:], [r + " x" for r in big_refs]]
+    result = pooled_bootstrap(system, [list(s) for s in system], [big_refs], n_samples=100)
+    assert result.delta == 0 and result.p_value == 1.0
+    sacrebleus = paired_bootstrap(big_refs, big_refs, [big_refs], n_samples=100)
+    assert sacrebleus.p_value == pytest.approx(1 / 101) and sacrebleus.direction() == "no significant difference"
+
+
 @pytest.mark.parametrize("metric", ["bleu", "chrf"])
 def test_statistics_computed_once_give_the_numbers_computed_afresh(big_refs, metric, monkeypatch):
     """A report compares every recipe with the same baseline runs: their statistics are cached per

@@ -165,6 +165,8 @@ def test_run_writes_logs_checkpoints_and_run_files(data_dir, tmp_path):
     assert info["parameters"] == sum(p.numel() for p in Transformer(cfg.model, V, V).parameters())
     assert info["torch"] == torch.__version__
     assert "max_steps: 6" in (run / "config.yaml").read_text()
+    # trained from pytest, not from the command line: the command that trains it again
+    assert info["command"] == ["structnmt", "train", str(run / "config.yaml")]
     # a second run into the same directory must be asked to resume
     with pytest.raises(ConfigError, match="--resume"):
         make_trainer(cfg, data_dir).run()

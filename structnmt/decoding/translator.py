@@ -102,21 +102,21 @@ def load_translator(checkpoint: str | Path, device: str | torch.device | None = 
     return Translator(model, cfg, Preprocessor.from_dataset(dataset), Path(dataset), target, info)
 
 
-def _sentences(sentences: str | Sequence[str]) -> list[str]:
+def _sentences(sentences: str | Sequence[str], argument: str = "sentences") -> list[str]:
     """A list of sentences; one string is one sentence (not a sequence of characters)."""
     if isinstance(sentences, str):
         return [sentences]
     if isinstance(sentences, (bytes, bytearray)):  # a Sequence of ints: would read as "sentence 1 is a int"
-        raise DataError("got bytes, not a str: decode them first (text.decode('utf-8'))", "sentences")
+        raise DataError("got bytes, not a str: decode them first (text.decode('utf-8'))", argument)
     if not isinstance(sentences, Sequence):
-        raise DataError(f"expected a str or a list of str, got {type(sentences).__name__}", "sentences")
+        raise DataError(f"expected a str or a list of str, got {type(sentences).__name__}", argument)
     out = list(sentences)
     for number, sentence in enumerate(out, start=1):
         if isinstance(sentence, (bytes, bytearray)):
             raise DataError(f"sentence {number} is bytes, not a str: decode it first (text.decode('utf-8'))",
-                            "sentences")
+                            argument)
         if not isinstance(sentence, str):
-            raise DataError(f"sentence {number} is a {type(sentence).__name__}, not a str", "sentences")
+            raise DataError(f"sentence {number} is a {type(sentence).__name__}, not a str", argument)
     return out
 
 
@@ -220,7 +220,7 @@ class Translator:
         penalty. For BLEU or chrF of translations use ``structnmt.evaluate``.
         """
         self.model.eval()
-        sources, references = _sentences(sources), _sentences(references)
+        sources, references = _sentences(sources, "sources"), _sentences(references, "references")
         if len(sources) != len(references):
             raise DataError(f"{len(sources)} sources but {len(references)} references")
         examples = self.encode_sources(sources)

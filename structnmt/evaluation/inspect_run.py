@@ -183,6 +183,9 @@ def inspect_out_dir(run: str | Path, out: str | Path | None) -> Path:
     if out is None:
         return run / "inspect"
     out_dir = Path(out)
+    if out_dir.exists() and not out_dir.is_dir():  # before the model is read, not when writing
+        raise ConfigError(f"{out} exists and is not a directory: --out is the directory the outputs go to",
+                          "--out")
     if out_dir.suffix in (".json", ".jsonl") and not out_dir.is_dir():
         raise ConfigError(f"{out} is a file name, but --out is the directory the outputs go to (the scores as "
                           f"SPLIT.WHAT.json, beside what was read out); give a directory, e.g. "

@@ -12,6 +12,8 @@ commands and library versions that produced each run.
 from __future__ import annotations
 
 import json
+import shlex
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,14 +68,33 @@ def read_log_numbered(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
     return records
 
 
+def run_names(paths: Sequence[str | Path]) -> list[str]:
+    """Each run's name in tables and legends: its folder's name, with as many parent folders as
+    it takes to tell apart runs of one name (``a/run``, ``b/run``); a run given twice is refused."""
+    parts = [Path(p).resolve().parts for p in paths]
+    depth = [1] * len(parts)
+    while True:
+        names = ["/".join(p[-d:]) for p, d in zip(parts, depth)]
+        clashes = {n for n in names if names.count(n) > 1}
+        if not clashes:
+            return names
+        grown = False
+        for i, name in enumerate(names):
+            if name in clashes and depth[i] < len(parts[i]):
+                depth[i] += 1
+                grown = True
+        if not grown:
+            raise DataError(f"run {paths[names.index(min(clashes))]} is given more than once")
+
+
 class _Run:
     """What the report needs from one run directory."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, name: str):
         if not path.is_dir():
             raise DataError("run directory not found", path)
         self.path = path
-        self.name = path.name
+        self.name = name
         self.info = _read_json(path / "run.json") or {}
         eval_dir = path / "eval"
         self.test_sets = sorted(p.stem for p in eval_dir.glob("*.hyp")) if eval_dir.is_dir() else []
@@ -133,12 +154,13 @@ def build_report(
 ) -> str:
     """The Markdown report of ``run_dirs``; written atomically to ``out`` when given.
 
-    ``baseline`` is the name (directory name) of one of the runs; ``test_sets`` defaults to
+    ``baseline`` is the name of one of the runs (its directory's name, with parent folders where
+    two runs share one: :func:`run_names`); ``test_sets`` defaults to
     every test set any run has. A run missing a test set shows "–" in its cells.
     """
     if not run_dirs:
         raise DataError("no run directories given")
-    runs = [_Run(Path(d)) for d in run_dirs]
+    runs = [_Run(Path(d), name) for d, name in zip(run_dirs, run_names(run_dirs))]
     names = [r.name for r in runs]
     by_name = dict(zip(names, runs))
     if baseline is not None and baseline not in by_name:
@@ -190,7 +212,8 @@ def build_report(
         lines += ["BLEU signature: " + "; ".join(f"`{s}`" for s in signatures), ""]
     lines += ["## Commands", ""]
     for run in runs:
-        lines.append(f"- {run.name}: `{run.info.get('command', '–')}`")
+        command = run.info.get("command", "–")
+        lines.append(f"- {run.name}: `{shlex.join(command) if isinstance(command, list) else command}`")
     lines += ["", "## Versions", ""]
     lines.append("| Run | " + " | ".join(VERSION_KEYS) + " |")
     lines.append("|---" * (len(VERSION_KEYS) + 1) + "|")

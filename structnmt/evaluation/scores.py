@@ -118,7 +118,12 @@ def read_parallel(
                               "references" if len(streams) == 1 else f"references[{k - 1}]")
         ref, name = _read(stream, str(k))  # type: ignore[arg-type]
         if len(ref) != len(hyps):
-            raise DataError(f"{len(hyps)} hypothesis lines but {len(ref)} lines in reference {name}", where)
+            hint = ""
+            if isinstance(references, (list, tuple)) and all(isinstance(r, str) for r in references) \
+                    and len(references) < len(hyps):  # ["a.ref", "b.ref"]: read as two sentences
+                hint = (" (a list of str is one reference's sentences: give several reference files as "
+                        "pathlib.Path objects)")
+            raise DataError(f"{len(hyps)} hypothesis lines but {len(ref)} lines in reference {name}{hint}", where)
         refs.append(ref)
     if not hyps:  # sacreBLEU would fail on hyps[0] (IndexError), with allow_empty or not
         raise DataError("no hypothesis lines: nothing to score (allow_empty accepts empty lines, not an empty "

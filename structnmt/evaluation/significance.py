@@ -432,7 +432,9 @@ def pooled_bootstrap(system_runs: Sequence[Sequence[str]], baseline_runs: Sequen
     With one seed on each side it is sacreBLEU's paired bootstrap, resample for resample (the
     same generator, the same centring, the same count), so the p-values are the same; sacreBLEU's
     own sentence statistics (``Metric._extract_corpus_statistics``, which its paired tests use)
-    make each resample's score the corpus score of those sentences.
+    make each resample's score the corpus score of those sentences. One exception: equal means
+    get p = 1, not sacreBLEU's smallest p (its ties never count, so identical systems would read
+    as the most significant difference in a report's Holm family and its † marks).
     """
     import numpy as np
 
@@ -446,9 +448,12 @@ def pooled_bootstrap(system_runs: Sequence[Sequence[str]], baseline_runs: Sequen
     key = [metric, n_samples, seed, tokenize, sacrebleu.__version__, np.__version__,
            [_digest(h).hex() for h in system_runs], [_digest(h).hex() for h in baseline_runs],
            [_digest(r).hex() for r in refs]]
-    return _kept("pooled", key, lambda: _pooled_bootstrap(system_runs, baseline_runs, refs, metric, n_samples,
-                                                          seed, tokenize),
-                 lambda kept: PooledResult(**{**kept, "seeds": tuple(kept["seeds"])}))
+    result = _kept("pooled", key, lambda: _pooled_bootstrap(system_runs, baseline_runs, refs, metric, n_samples,
+                                                            seed, tokenize),
+                   lambda kept: PooledResult(**{**kept, "seeds": tuple(kept["seeds"])}))
+    if result.delta == 0:  # applied to kept results too: a cache made before this rule stays usable
+        result.p_value = 1.0
+    return result
 
 
 def _pooled_bootstrap(system_runs: Sequence[Sequence[str]], baseline_runs: Sequence[Sequence[str]],

@@ -378,7 +378,7 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
         if kind == "local":
             outcome = run_local(study, runnable, jobs, progress)
         else:
-            outcome = run_submitit(study, runnable, "local" if kind == "submitit-local" else None, progress)
+            outcome = run_submitit(study, runnable, "local" if kind == "submitit-local" else "slurm", progress)
         results.update({f"{r}/seed{s}": status for (r, s), status in outcome.items()})
     else:
         _say("every run is recorded and current")

@@ -280,16 +280,20 @@ class RunJob:
 
 def run_submitit(study: Study, runs: list[tuple[str, int]], cluster: str | None,
                  report: Callable[[str, int, str], None]) -> dict[tuple[str, int], str]:
-    """Submit every run as a job (``cluster=None``: SLURM when present; ``"local"``: submitit's
-    local executor, real processes on this machine) and wait for them."""
+    """Submit every run as a job (``cluster="slurm"``: SLURM, refused where there is none;
+    ``"local"``: submitit's local executor, real processes on this machine) and wait for them."""
     try:
         import submitit
     except ImportError:
         raise ConfigError("the slurm executor needs submitit (pip install submitit)", "executor.kind") from None
     s = study.slurm
     # how often submitit requeues a job on time-out or pre-emption: a constructor argument, not a parameter
-    executor = submitit.AutoExecutor(folder=str(study.work_dir / "submitit" / "%j"), cluster=cluster,
-                                     slurm_max_num_timeout=s.max_requeue)
+    try:
+        executor = submitit.AutoExecutor(folder=str(study.work_dir / "submitit" / "%j"), cluster=cluster,
+                                         slurm_max_num_timeout=s.max_requeue)
+    except RuntimeError as err:  # "Could not detect srun": asked for SLURM on a machine without it
+        raise ConfigError(f"no SLURM cluster here ({err}): choose the local or submitit-local executor",
+                          "executor.kind") from None
     params = {"timeout_min": s.time_min, "gpus_per_node": s.gpus_per_run, "cpus_per_task": s.cpus_per_run,
               "name": f"structnmt-{study.name}"}
     if s.mem_gb:

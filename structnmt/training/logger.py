@@ -209,6 +209,15 @@ def dataset_parsers(cfg: ExperimentConfig) -> dict[str, Any] | None:
     return json.loads(meta_file.read_text(encoding="utf-8")).get("parsers")
 
 
+
+def _command(run_dir: Path) -> list[str]:
+    """The command line that trained the run: ``structnmt``'s own when it was that, else (a script,
+    a notebook, a study's run) the one that trains it again from the config written beside it."""
+    entry = Path(sys.argv[0]) if sys.argv and sys.argv[0] else Path()
+    if entry.name == "structnmt" or entry.parts[-3:] == ("structnmt", "cli", "main.py"):
+        return list(sys.argv)
+    return ["structnmt", "train", str(run_dir / "config.yaml")]
+
 def write_run_files(run_dir: Path, cfg: ExperimentConfig, parameters: int, device: str, world_size: int,
                     precision: str, resumed_from: Path | None) -> None:
     """``config.yaml`` (the resolved config) and ``run.json`` (command, versions, sizes, where it ran)."""
@@ -222,7 +231,7 @@ def write_run_files(run_dir: Path, cfg: ExperimentConfig, parameters: int, devic
     raw.pop("path", None)
     atomic_write_text(run_dir / "config.yaml", dump_yaml(raw))
     info = {
-        "command": sys.argv,
+        "command": _command(run_dir),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "structnmt": structnmt.__version__,

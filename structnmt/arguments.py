@@ -1,0 +1,161 @@
+"""The Python API's arguments checked against their type hints, before any work.
+
+A wrong type given to ``structnmt.report(5)`` or ``plot_attention(head="1")`` would otherwise
+fail deep inside (a ``TypeError`` from pathlib, a ``ValueError`` from a tensor's shape) or, worse,
+be taken for something else (``"yes"`` as true, a string as a list of one-letter names). Each
+public function of :mod:`structnmt.api` is wrapped by :func:`checked`, which reads the function's
+own hints, so that the hint is the one statement of what an argument may be:
+
+* a value of another type is a :class:`~structnmt.errors.ConfigError` naming the argument;
+* one string (or path) where the hint asks for a list of them is that list of one, as the
+  command line's repeated options are (``report("runs/a")`` is ``report(["runs/a"])``);
+* ``bool`` is not an ``int`` and an ``int`` is a ``float``, as Python's own numbers are used.
+
+Hints the checker does not know (``Any``, callables, other generics) accept every value.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import types
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import PurePath
+from typing import Any, Literal, TypeVar, Union
+
+from structnmt.errors import ConfigError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class _DeviceHint:
+    """``torch.device`` in a hint, checked without importing torch (``import structnmt`` stays light)."""
+
+
+#: names the hints of structnmt.api use only under TYPE_CHECKING, as the checker reads them
+_HINT_NAMES: dict[str, Any] = {
+    "torch": types.SimpleNamespace(device=_DeviceHint),
+    "Translator": Any,
+    "GoldFormat": Literal["auto", "pharaoh", "talp"],
+}
+
+
+def _resolve(fn: Callable[..., Any]) -> dict[str, Any]:
+    hints = typing.get_type_hints(fn, localns=_HINT_NAMES)
+    hints.pop("return", None)
+    return hints
+
+
+def _alternatives(hint: Any) -> tuple[Any, ...]:
+    if typing.get_origin(hint) in (Union, types.UnionType):
+        return typing.get_args(hint)
+    return (hint,)
+
+
+def _is_sequence(hint: Any) -> bool:
+    return typing.get_origin(hint) in (Sequence, list, tuple)
+
+
+def matches(value: Any, hint: Any) -> bool:
+    """Whether ``value`` is what ``hint`` allows (unknown hints allow everything)."""
+    if hint is Any or hint is object:
+        return True
+    if hint is None or hint is type(None):
+        return value is None
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        return any(matches(value, alternative) for alternative in typing.get_args(hint))
+    if origin is Literal:
+        return any(value == choice and type(value) is type(choice) for choice in typing.get_args(hint))
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is _DeviceHint:
+        return type(value).__name__ == "device"
+    if _is_sequence(hint):
+        args = typing.get_args(hint)
+        item = args[0] if args else Any
+        return isinstance(value, (list, tuple)) and all(matches(v, item) for v in value)
+    if origin in (Mapping, dict) or hint in (Mapping, dict):
+        args = typing.get_args(hint)
+        return isinstance(value, Mapping) and (not args or all(matches(k, args[0]) for k in value))
+    if isinstance(hint, type):
+        return isinstance(value, PurePath) if issubclass(hint, PurePath) else isinstance(value, hint)
+    return True
+
+
+#: simple hints in words
+_WORDS = {bool: "True or False", int: "an integer", float: "a number", str: "a string", _DeviceHint: "a torch.device"}
+PATH_WORDS = "a path (str or pathlib.Path)"
+
+
+def describe(hint: Any) -> str:
+    """A hint in words, for the error message."""
+    if hint is type(None) or hint is None:
+        return "None"
+    origin = typing.get_origin(hint)
+    if origin in (Union, types.UnionType):
+        alternatives = list(typing.get_args(hint))
+        paths = [a for a in alternatives if isinstance(a, type) and issubclass(a, PurePath)]
+        if paths and str in alternatives:  # str | Path: one path
+            alternatives = [paths[0]] + [a for a in alternatives if a is not str and a not in paths]
+        return " or ".join(dict.fromkeys(describe(a) for a in alternatives))
+    if origin is Literal:
+        return "one of " + ", ".join(repr(c) for c in typing.get_args(hint))
+    if _is_sequence(hint):
+        args = typing.get_args(hint)
+        item = describe(args[0]) if args else ""
+        if item == PATH_WORDS:
+            return "a list of paths (str or pathlib.Path)"
+        return f"a list of {item.removeprefix('a ').removeprefix('an ')}s" if item in _WORDS.values() else (
+            f"a list of ({item})" if item else "a list")
+    if origin in (Mapping, dict) or hint in (Mapping, dict):
+        return "a mapping"
+    if hint in _WORDS:
+        return _WORDS[hint]
+    if isinstance(hint, type):
+        return PATH_WORDS if issubclass(hint, PurePath) else hint.__name__
+    return str(hint)
+
+
+def _one_as_list(value: Any, hint: Any) -> Any:
+    """One string or path where the hint takes a list of them (and not the string itself): a list of it."""
+    if not isinstance(value, (str, PurePath)) or matches(value, hint):
+        return value
+    for alternative in _alternatives(hint):
+        if _is_sequence(alternative) and matches([value], alternative):
+            return [value]
+    return value
+
+
+def checked(fn: F | None = None, *, own: tuple[str, ...] = ()) -> Any:
+    """``fn`` with every argument checked against its hint first (see the module docstring);
+    ``own`` names arguments the function checks itself, with a message that says more."""
+    if fn is None:
+        return functools.partial(checked, own=own)
+    signature = inspect.signature(fn)
+    hints: dict[str, Any] | None = None
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        nonlocal hints
+        if hints is None:
+            hints = {name: hint for name, hint in _resolve(fn).items() if name not in own}
+        try:
+            bound = signature.bind(*args, **kwargs)
+        except TypeError as err:
+            raise ConfigError(f"{fn.__name__}(): {err}") from None
+        for name, value in bound.arguments.items():
+            hint = hints.get(name)
+            if hint is None:
+                continue
+            value = bound.arguments[name] = _one_as_list(value, hint)
+            if not matches(value, hint):
+                raise ConfigError(f"expected {describe(hint)}, got {value!r}", name)
+        return fn(*bound.args, **bound.kwargs)
+
+    return wrapper

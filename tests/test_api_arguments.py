@@ -1,0 +1,74 @@
+"""The Python API checks its arguments against its own type hints before any work
+(structnmt/arguments.py): a wrong type is one ConfigError naming the argument, never a
+TypeError from deep inside, and one string where a list is asked for is a list of one."""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+
+import pytest
+
+import structnmt
+import structnmt.api as api
+from structnmt.arguments import checked
+from structnmt.errors import ConfigError
+
+
+@pytest.mark.parametrize("call, expected", [
+    (lambda: structnmt.report(5), "runs: expected a list of paths (str or pathlib.Path), got 5"),
+    (lambda: structnmt.report([5]), "runs: expected a list of paths (str or pathlib.Path), got [5]"),
+    (lambda: structnmt.plot_curves(["a"], 5), "out: expected a path (str or pathlib.Path), got 5"),
+    (lambda: structnmt.plot_attention("c.pt", "o.png", head="1"), "head: expected an integer, got '1'"),
+    (lambda: structnmt.plot_attention("c.pt", "o.png", attention="crosss"),
+     "attention: expected one of 'encoder', 'cross', got 'crosss'"),
+    (lambda: structnmt.plot_attention("c.pt", "o.png", sentence=["a b"]),
+     "sentence: expected a string or None, got ['a b']"),
+    (lambda: structnmt.inspect("r", "trees", gold_format="xml"),
+     "gold_format: expected one of 'auto', 'pharaoh', 'talp', got 'xml'"),
+    (lambda: structnmt.inspect("r", "heads", layer="1"), "layer: expected an integer or None, got '1'"),
+    (lambda: structnmt.run_study("s.yaml", executor="sge"),
+     "executor: expected one of 'local', 'slurm', 'submitit-local' or None, got 'sge'"),
+    (lambda: structnmt.run_study("s.yaml", seeds="1"), "seeds: expected a list of integers or None, got '1'"),
+    (lambda: structnmt.train("c.yaml", resume="yes"), "resume: expected True or False, got 'yes'"),
+    (lambda: structnmt.export_ctranslate2("c.pt", "out", force="no"), "force: expected True or False, got 'no'"),
+    (lambda: structnmt.export_ctranslate2("c.pt", "out", dataset=5),
+     "dataset: expected a path (str or pathlib.Path) or None, got 5"),
+    (lambda: structnmt.demo(minutes="x"), "minutes: expected a number, got 'x'"),
+    (lambda: structnmt.demo(True), "work: expected a path (str or pathlib.Path), got True"),
+    (lambda: structnmt.load_config("c.yaml", {1: 2}),
+     "overrides: expected a mapping or a list of strings or None, got {1: 2}"),
+    (lambda: structnmt.load("c.pt", device=3), "device: expected a string or a torch.device or None, got 3"),
+    (lambda: structnmt.study_status(5), "study: expected a path (str or pathlib.Path), got 5"),
+    (lambda: structnmt.train(5), "config: expected a path (str or pathlib.Path) or ExperimentConfig, got 5"),
+    (lambda: structnmt.test("r", nosuch=1), "test(): got an unexpected keyword argument 'nosuch'"),
+    (lambda: structnmt.plot_curves([], "o.png"), "runs: no run to plot"),
+])
+def test_a_wrong_argument_is_named_before_any_work(call, expected, tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # nothing exists here: an argument that passed would fail on a missing file
+    with pytest.raises(ConfigError) as raised:
+        call()
+    assert str(raised.value) == expected
+
+
+def test_one_string_where_a_list_is_asked_for_is_a_list_of_one(tmp_path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    seen = {}
+
+    @checked
+    def take(runs: list[str | Path], names: list[str] | None = None, text: str | list[str] = "x") -> None:
+        seen.update(runs=runs, names=names, text=text)
+
+    take("runs/a", names="vanilla", text="one sentence")
+    assert seen == {"runs": ["runs/a"], "names": ["vanilla"], "text": "one sentence"}  # str allowed: kept
+    with pytest.raises(structnmt.DataError, match="^runs/a: run directory not found"):  # not "r: ..."
+        structnmt.report("runs/a")
+
+
+def test_every_public_function_of_the_api_checks_its_arguments() -> None:
+    public = [value for name, value in vars(api).items()
+              if inspect.isfunction(getattr(value, "__wrapped__", value)) and not name.startswith("_")
+              and getattr(value, "__module__", "") == api.__name__]
+    assert len(public) >= 25
+    unchecked = [f.__name__ for f in public if not hasattr(f, "__wrapped__")]
+    assert unchecked == []
