@@ -33,15 +33,20 @@ def head_mask(heads: list[int], n_heads: int, device: torch.device) -> Tensor:
     """(1, H, 1, 1) bool, True for the heads a plug-in owns: the ``torch.where`` selector.
 
     Built once per (heads, device) and kept: making it anew would copy a host tensor to the
-    GPU, and wait for it, in every attention call."""
-    return _head_mask(tuple(heads), n_heads, torch.device(device))
+    GPU, and wait for it, in every attention call. Under ``torch.compile`` it is built inside the
+    graph instead (traced once; the compiler would bypass the cache, and warn that it does)."""
+    if torch.compiler.is_compiling():
+        return _make_head_mask(tuple(heads), n_heads, torch.device(device))
+    return _kept_head_mask(tuple(heads), n_heads, torch.device(device))
 
 
-@functools.lru_cache(maxsize=256)
-def _head_mask(heads: tuple[int, ...], n_heads: int, device: torch.device) -> Tensor:
+def _make_head_mask(heads: tuple[int, ...], n_heads: int, device: torch.device) -> Tensor:
     mask = torch.zeros(n_heads, dtype=torch.bool, device=device)
     mask[list(heads)] = True
     return mask.view(1, n_heads, 1, 1)
+
+
+_kept_head_mask = functools.lru_cache(maxsize=256)(_make_head_mask)
 
 
 def valid_pairs(valid: Tensor) -> Tensor:
