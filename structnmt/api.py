@@ -271,7 +271,7 @@ def load(checkpoint: str | Path, device: str | torch.device | None = None,
 
 @checked
 def test(run: str | Path, checkpoint: str | Path | None = None, splits: Sequence[str] | None = None,
-         beam: int | None = None, device: str | None = None, long_dependency: int | None = 7,
+         beam: int | None = None, device: str | torch.device | None = None, long_dependency: int | None = 7,
          verbose: bool = False) -> dict[str, dict[str, Any]]:
     """Translate a run's test splits and score them (``structnmt test``).
 
@@ -289,7 +289,7 @@ def test(run: str | Path, checkpoint: str | Path | None = None, splits: Sequence
                         quiet=not verbose, long_dependency=long_dependency)
 
 
-@checked(own=("metrics",))  # named with the known metrics
+@checked(own=("metrics", "hypotheses", "references"))  # their own messages say more
 def evaluate(hypotheses: str | Path | Sequence[str], references: str | Path | Sequence[Any],
              metrics: str | Sequence[str] = ("bleu", "chrf"), tokenize: str | None = None,
              allow_empty: bool = False) -> dict[str, Any]:
@@ -317,7 +317,8 @@ def evaluate(hypotheses: str | Path | Sequence[str], references: str | Path | Se
 def report(runs: Sequence[str | Path], baseline: str | None = None, test_sets: Sequence[str] | None = None,
            out: str | Path | None = None, samples: int = 1000, plots: str | Path | None = None) -> str:
     """The Markdown table of several tested runs (``structnmt report``): scores per test set,
-    paired-bootstrap significance against ``baseline`` (a run's directory name), parameters,
+    paired-bootstrap significance against ``baseline`` (a run's name: its directory's name, with
+    parent folders where two runs share one), parameters,
     speed, commands and versions. Written to ``out`` when given; ``plots`` also draws the
     training curves and BLEU by length into that directory."""
     from structnmt.evaluation.report import build_report
@@ -341,7 +342,7 @@ def report(runs: Sequence[str | Path], baseline: str | None = None, test_sets: S
 @checked
 def plot_attention(checkpoint: str | Path, out: str | Path, sentence: str | None = None, line: int | None = None,
                    split: str = "test", attention: Literal["encoder", "cross"] = "encoder", layer: int = 1,
-                   head: int = 0, dataset: str | Path | None = None, device: str | None = "cpu") -> Path:
+                   head: int = 0, dataset: str | Path | None = None, device: str | torch.device | None = "cpu") -> Path:
     """Heat map of one head (0-based) in one layer (1-based) on raw ``sentence`` or on line
     ``line`` (1-based) of a prepared ``split``, with its dependency arcs or scenes on top."""
     from structnmt.io import check_output_path
@@ -370,7 +371,7 @@ def inspect(run: str | Path, what: Literal["trees", "phrases", "align", "heads"]
             split: str = "test", side: Literal["src", "tgt"] = "src", layer: int | None = None,
             gold: str | Path | None = None, gold_format: GoldFormat = "auto",
             boundary: Literal["auto", "before", "after"] = "auto", dataset: str | Path | None = None,
-            out: str | Path | None = None, device: str | None = "cpu", conllu: str | Path | None = None,
+            out: str | Path | None = None, device: str | torch.device | None = "cpu", conllu: str | Path | None = None,
             src: str | Path | None = None, tgt: str | Path | None = None, *, parser_uas: bool = False,
             parser: Any = None, without_src: bool = False) -> dict[str, Any]:
     """Read learned structure out of a run and score it (``structnmt inspect``).

@@ -8,7 +8,8 @@ own hints, so that the hint is the one statement of what an argument may be:
 
 * a value of another type is a :class:`~structnmt.errors.ConfigError` naming the argument;
 * one string (or path) where the hint asks for a list of them is that list of one, as the
-  command line's repeated options are (``report("runs/a")`` is ``report(["runs/a"])``);
+  command line's repeated options are (``report("runs/a")`` is ``report(["runs/a"])``), and
+  any other iterable there (a generator, ``range``, ``dict.keys()``) is made a list;
 * ``bool`` is not an ``int`` and an ``int`` is a ``float``, as Python's own numbers are used.
 
 Hints the checker does not know (``Any``, callables, other generics) accept every value.
@@ -18,9 +19,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
 import types
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any, Literal, TypeVar, Union
 
@@ -67,7 +69,7 @@ def matches(value: Any, hint: Any) -> bool:
     if origin in (Union, types.UnionType):
         return any(matches(value, alternative) for alternative in typing.get_args(hint))
     if origin is Literal:
-        return any(value == choice and type(value) is type(choice) for choice in typing.get_args(hint))
+        return any(isinstance(value, type(choice)) and value == choice for choice in typing.get_args(hint))
     if hint is bool:
         return isinstance(value, bool)
     if hint is int:
@@ -84,7 +86,7 @@ def matches(value: Any, hint: Any) -> bool:
         args = typing.get_args(hint)
         return isinstance(value, Mapping) and (not args or all(matches(k, args[0]) for k in value))
     if isinstance(hint, type):
-        return isinstance(value, PurePath) if issubclass(hint, PurePath) else isinstance(value, hint)
+        return isinstance(value, os.PathLike) if issubclass(hint, PurePath) else isinstance(value, hint)
     return True
 
 
@@ -122,13 +124,15 @@ def describe(hint: Any) -> str:
     return str(hint)
 
 
-def _one_as_list(value: Any, hint: Any) -> Any:
-    """One string or path where the hint takes a list of them (and not the string itself): a list of it."""
-    if not isinstance(value, (str, PurePath)) or matches(value, hint):
+def _as_hinted(value: Any, hint: Any) -> Any:
+    """Where the hint takes a list and not the value as it is: one string or path is a list of it,
+    and any other iterable (a generator, ``dict.keys()``, ``range``, a set) is made a list."""
+    if matches(value, hint) or not any(_is_sequence(a) for a in _alternatives(hint)):
         return value
-    for alternative in _alternatives(hint):
-        if _is_sequence(alternative) and matches([value], alternative):
-            return [value]
+    if isinstance(value, (str, os.PathLike)):
+        return [value]
+    if isinstance(value, Iterable) and not isinstance(value, (bytes, bytearray, Mapping)):
+        return list(value)
     return value
 
 
@@ -153,8 +157,15 @@ def checked(fn: F | None = None, *, own: tuple[str, ...] = ()) -> Any:
             hint = hints.get(name)
             if hint is None:
                 continue
-            value = bound.arguments[name] = _one_as_list(value, hint)
-            if not matches(value, hint):
+            kind = signature.parameters[name].kind
+            if kind is inspect.Parameter.VAR_POSITIONAL or kind is inspect.Parameter.VAR_KEYWORD:
+                items = enumerate(value) if kind is inspect.Parameter.VAR_POSITIONAL else value.items()
+                for key, item in items:  # *args and **kwargs: the hint is each one's
+                    if not matches(item, hint):
+                        raise ConfigError(f"expected {describe(hint)}, got {item!r}", f"{name}[{key!r}]")
+                continue
+            bound.arguments[name] = _as_hinted(value, hint)
+            if not matches(bound.arguments[name], hint):
                 raise ConfigError(f"expected {describe(hint)}, got {value!r}", name)
         return fn(*bound.args, **bound.kwargs)
 

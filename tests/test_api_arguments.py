@@ -72,3 +72,40 @@ def test_every_public_function_of_the_api_checks_its_arguments() -> None:
     assert len(public) >= 25
     unchecked = [f.__name__ for f in public if not hasattr(f, "__wrapped__")]
     assert unchecked == []
+
+
+def test_iterables_and_path_likes_are_taken_as_before(tmp_path: Path) -> None:
+    """What the functions accepted before the checks stays accepted: any iterable where a list
+    is asked for, any os.PathLike where a path is, a torch.device where a device is."""
+    import torch
+
+    seen = {}
+
+    @checked
+    def take(runs: list[str | Path], seeds: list[int] | None = None, *names: str) -> None:
+        seen.update(runs=runs, seeds=seeds, names=names)
+
+    class Folder:
+        def __fspath__(self) -> str:
+            return "runs/x"
+
+    take((p for p in ["a", "b"]), range(1, 3))
+    assert seen["runs"] == ["a", "b"] and seen["seeds"] == [1, 2]
+    take(Folder(), None, "x", "y")
+    assert isinstance(seen["runs"][0], Folder) and seen["names"] == ("x", "y")
+    with pytest.raises(ConfigError, match=r"^names\[1\]: expected a string, got 5"):
+        take("a", None, "x", 5)
+    with pytest.raises(structnmt.DataError, match="no such run directory"):  # past the checks
+        structnmt.test(tmp_path / "no-run", device=torch.device("cpu"))
+
+
+def test_every_hint_of_the_api_resolves() -> None:
+    """Hints are read on a function's first call: a bad name there would be a NameError then."""
+    from structnmt.arguments import _HINT_NAMES, _resolve
+    from structnmt.evaluation.alignment import GoldFormat
+
+    assert _HINT_NAMES["GoldFormat"] == GoldFormat
+    for name in api.__all__ if hasattr(api, "__all__") else dir(api):
+        value = getattr(api, name)
+        if hasattr(value, "__wrapped__"):
+            _resolve(value.__wrapped__)

@@ -409,7 +409,8 @@ def test_the_api_refuses_wrong_types_naming_the_argument(demo: Path, monkeypatch
     for bad in (None, 123, ["a.pt"]):
         with pytest.raises(ConfigError, match=r"^checkpoint: expected a path \(str or pathlib.Path\), got "):
             structnmt.load(bad)  # type: ignore[arg-type]
-    with pytest.raises(ConfigError, match=r"^config: expected a config path or an ExperimentConfig, got 5"):
+    with pytest.raises(ConfigError, match=r"^config: expected a path \(str or pathlib.Path\) or ExperimentConfig, "
+                                          r"got 5"):
         structnmt.train(5)  # type: ignore[arg-type]
     with pytest.raises(ConfigError, match=r"^overrides: expected a mapping"):
         structnmt.load_config("configs/none.yaml", 7)  # type: ignore[arg-type]

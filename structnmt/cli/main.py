@@ -439,7 +439,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("report", help="one Markdown table over several runs, with significance marks")
     s.add_argument("runs", nargs="+")
-    s.add_argument("--baseline", help="the run (directory name) the others are tested against")
+    s.add_argument("--baseline", help="the run the others are tested against: its directory's name (with "
+                                      "its parent folders where two runs share one)")
     s.add_argument("--test-sets", dest="test_sets", nargs="*")
     s.add_argument("--out")
     s.add_argument("--plots", help="also draw training curves and BLEU by length into this directory")

@@ -12,6 +12,7 @@ commands and library versions that produced each run.
 from __future__ import annotations
 
 import json
+import os
 import shlex
 from collections.abc import Sequence
 from pathlib import Path
@@ -71,20 +72,20 @@ def read_log_numbered(path: str | Path) -> list[tuple[int, dict[str, Any]]]:
 def run_names(paths: Sequence[str | Path]) -> list[str]:
     """Each run's name in tables and legends: its folder's name, with as many parent folders as
     it takes to tell apart runs of one name (``a/run``, ``b/run``); a run given twice is refused."""
-    parts = [Path(p).resolve().parts for p in paths]
+    parts = [Path(os.path.abspath(p)).parts for p in paths]  # as given: a linked run keeps its link's name
+    real = [Path(p).resolve() for p in paths]
+    for n, path in enumerate(real):
+        if path in real[:n]:
+            raise DataError(f"run {paths[n]} is given more than once")
     depth = [1] * len(parts)
     while True:
         names = ["/".join(p[-d:]) for p, d in zip(parts, depth)]
         clashes = {n for n in names if names.count(n) > 1}
         if not clashes:
             return names
-        grown = False
         for i, name in enumerate(names):
-            if name in clashes and depth[i] < len(parts[i]):
-                depth[i] += 1
-                grown = True
-        if not grown:
-            raise DataError(f"run {paths[names.index(min(clashes))]} is given more than once")
+            if name in clashes:
+                depth[i] += 1  # distinct real paths: their absolute parts differ somewhere
 
 
 class _Run:

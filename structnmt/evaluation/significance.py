@@ -451,7 +451,7 @@ def pooled_bootstrap(system_runs: Sequence[Sequence[str]], baseline_runs: Sequen
     result = _kept("pooled", key, lambda: _pooled_bootstrap(system_runs, baseline_runs, refs, metric, n_samples,
                                                             seed, tokenize),
                    lambda kept: PooledResult(**{**kept, "seeds": tuple(kept["seeds"])}))
-    if result.delta == 0:  # applied to kept results too: a cache made before this rule stays usable
+    if abs(result.delta) < 1e-9:  # equal up to float sums; applied to kept results too
         result.p_value = 1.0
     return result
 
