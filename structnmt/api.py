@@ -207,8 +207,9 @@ def average(checkpoints: Sequence[str | Path], out: str | Path, across_runs: boo
                               "choose another output", "--out")
         twin = next((earlier for earlier in paths[:n] if same_file(path, earlier)), None)
         if twin is not None:  # it would count twice in the mean
-            also = "" if twin == path else (f" as {twin} (one file under two names: the trainer links last.pt and "
-                                            "best.pt to a step's checkpoint)")
+            linked = twin.resolve() != path.resolve()  # one file under two names, not one name spelt twice
+            also = (f" as {twin} (one file under two names: the trainer links last.pt and best.pt to a step's "
+                    "checkpoint)") if linked else ""
             raise ConfigError(f"{path} is given more than once{also}: give each checkpoint once", "checkpoints")
     return write_averaged_checkpoint(paths, target, across_runs)  # type: ignore[arg-type]
 

@@ -164,6 +164,9 @@ def test_average_refuses_a_checkpoint_given_twice(tmp_path: Path, capsys: pytest
     assert message == f"checkpoints: {twice} is given more than once: give each checkpoint once"
     with pytest.raises(ConfigError, match="given more than once"):
         structnmt.average([a, a], tmp_path / "avg.pt")
+    (tmp_path / "last.pt").hardlink_to(a)  # as the trainer links last.pt to the step's checkpoint
+    with pytest.raises(ConfigError, match=f"last.pt is given more than once as {a} \\(one file under two names"):
+        structnmt.average([a, tmp_path / "last.pt"], tmp_path / "avg.pt")
     assert not (tmp_path / "avg.pt").exists()
 
 

@@ -47,7 +47,7 @@ from structnmt.evaluation.trees import (
     right_branching_brackets,
     right_branching_heads,
 )
-from structnmt.io import atomic_write_text
+from structnmt.io import atomic_write_text, check_output_path
 from structnmt.model.transformer import Transformer
 
 
@@ -183,14 +183,11 @@ def inspect_out_dir(run: str | Path, out: str | Path | None) -> Path:
     if out is None:
         return run / "inspect"
     out_dir = Path(out)
-    if out_dir.exists() and not out_dir.is_dir():  # before the model is read, not when writing
-        raise ConfigError(f"{out} exists and is not a directory: --out is the directory the outputs go to",
-                          "--out")
     if out_dir.suffix in (".json", ".jsonl") and not out_dir.is_dir():
         raise ConfigError(f"{out} is a file name, but --out is the directory the outputs go to (the scores as "
                           f"SPLIT.WHAT.json, beside what was read out); give a directory, e.g. "
                           f"{out_dir.parent / out_dir.stem}", "--out")
-    return out_dir
+    return check_output_path(out_dir, "--out", directory=True)  # before the model is read, not when writing
 
 
 def inspect_run(run: str | Path, what: str, checkpoint: str | Path | None = None, split: str = "test",
