@@ -49,12 +49,7 @@ def _overrides(overrides: Overrides) -> dict[str, Any]:
         return {}
     if isinstance(overrides, Mapping):
         return dict(overrides)
-    if isinstance(overrides, str):
-        overrides = [overrides]
-    if not isinstance(overrides, Sequence) or not all(isinstance(item, str) for item in overrides):
-        raise ConfigError(f"expected a mapping of dotted keys or a list of 'KEY=VALUE' strings, got {overrides!r}",
-                          "overrides")
-    return parse_overrides(list(overrides), "overrides")
+    return parse_overrides(list(overrides), "overrides")  # a list of str: checked by @checked
 
 
 # ---------------------------------------------------------------------------
@@ -80,12 +75,8 @@ def _path(value: Any, argument: str, optional: bool = False) -> Path | None:
     raise ConfigError(f"expected a path (str or pathlib.Path), got {value!r}", argument)
 
 
-def _paths(values: Any, argument: str) -> list[Path]:
-    """A list of paths; one string is one path, not a sequence of characters."""
-    if isinstance(values, (str, Path)):
-        values = [values]
-    if not isinstance(values, Sequence):
-        raise ConfigError(f"expected a list of paths, got {values!r}", argument)
+def _paths(values: Sequence[Any], argument: str) -> list[Path]:
+    """A list of paths (a list already: ``@checked`` made one string a list of one)."""
     return [_path(value, f"{argument}[{i}]") for i, value in enumerate(values)]  # type: ignore[misc]
 
 

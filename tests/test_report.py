@@ -113,8 +113,11 @@ def test_runs_of_one_folder_name_are_told_apart_by_their_parents(tmp_path):
     from structnmt.evaluation.report import run_names
 
     assert run_names([first, second, tmp_path / "x" / "other"]) == ["seed1/run", "seed2/run", "other"]
+    info = json.loads((second / "run.json").read_text())  # run.json as the trainer writes it: argv, a list
+    (second / "run.json").write_text(json.dumps({**info, "command": ["structnmt", "train", "my dir/config.yaml"]}))
     text = build_report([first, second], baseline="seed1/run", n_samples=50)
     assert "| seed1/run (baseline) |" in text and "| seed2/run |" in text
+    assert "- seed2/run: `structnmt train 'my dir/config.yaml'`" in text  # one line to paste, quoted
     with pytest.raises(DataError, match="baseline run 'run' is not among the runs \\(seed1/run, seed2/run\\)"):
         build_report([first, second], baseline="run", n_samples=50)
     with pytest.raises(DataError, match="is given more than once"):

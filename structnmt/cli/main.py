@@ -245,8 +245,7 @@ def cmd_parser_evaluate(args: argparse.Namespace) -> int:
 def cmd_inspect(args: argparse.Namespace) -> int:
     from structnmt.evaluation.inspect_run import inspect_out_dir
 
-    out = inspect_out_dir(args.run, args.out)  # RUN first: --out defaults to a folder inside it
-    _output_dir(out, "--out")
+    out = inspect_out_dir(args.run, args.out)  # checked here, before any work; --out defaults to RUN/inspect
     scores = api.inspect(args.run, args.what, args.checkpoint, args.split, args.side, args.layer, args.gold,
                          args.gold_format, args.boundary, args.dataset, out, args.device, args.conllu, args.src,
                          args.tgt, parser_uas=args.parser_uas or args.parser is not None, parser=args.parser,

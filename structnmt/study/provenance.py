@@ -105,12 +105,13 @@ def versions() -> dict[str, str | None]:
 def outside_methods() -> dict[str, str | None]:
     """The modules of methods kept outside structnmt that this run loaded, each with its file's
     SHA-256 (None for a module without a file): structnmt's commit does not pin their code."""
+    from structnmt.io import sha256_file
     from structnmt.model.methods import outside_modules
 
     out: dict[str, str | None] = {}
     for name in outside_modules():
         path = getattr(sys.modules.get(name), "__file__", None)
-        out[name] = hashlib.sha256(Path(path).read_bytes()).hexdigest() if path else None
+        out[name] = sha256_file(path) if path else None
     return out
 
 
