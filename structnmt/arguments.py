@@ -10,23 +10,28 @@ own hints, so that the hint is the one statement of what an argument may be:
 * one string (or path) where the hint asks for a list of them is that list of one, as the
   command line's repeated options are (``report("runs/a")`` is ``report(["runs/a"])``), and
   any other iterable there (a generator, ``range``, ``dict.keys()``) is made a list;
-* ``bool`` is not an ``int`` and an ``int`` is a ``float``, as Python's own numbers are used.
+* ``bool`` is not an ``int`` and an ``int`` is a ``float``, as Python's own numbers are used;
+* an error raised by a check the command line shares (``--out: ... is a directory``) names the
+  function's argument instead of the option (``out: ...``), as the caller wrote it.
 
 Hints the checker does not know (``Any``, callables, other generics) accept every value.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import inspect
 import os
+import re
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import PurePath
 from typing import Any, Literal, TypeVar, Union
 
-from structnmt.errors import ConfigError
+from structnmt.errors import ConfigError, StructNMTError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -136,6 +141,42 @@ def _as_hinted(value: Any, hint: Any) -> Any:
     return value
 
 
+_OPTION = re.compile(r"--([a-z][a-z0-9-]*)")
+#: set while the command line runs a command: its user gave options, and errors name them so
+_COMMAND_LINE: contextvars.ContextVar[bool] = contextvars.ContextVar("command_line", default=False)
+
+
+@contextlib.contextmanager
+def command_line() -> Iterator[None]:
+    """Within it, API calls leave errors naming command-line options as they are."""
+    token = _COMMAND_LINE.set(True)
+    try:
+        yield
+    finally:
+        _COMMAND_LINE.reset(token)
+
+
+def name_arguments(err: StructNMTError, parameters: Mapping[str, Any]) -> None:
+    """Where ``err`` names a command-line option (its config field, or its message's first word)
+    that is one of ``parameters`` with ``_`` for ``-``, name the parameter instead, in place."""
+    if _COMMAND_LINE.get():
+        return
+    text = str(err)
+    field = getattr(err, "field", None)
+    named = field if isinstance(field, str) and _OPTION.fullmatch(field) else None
+    if named is None:
+        first = _OPTION.match(text)
+        named = first.group(0) if first and text[first.end():first.end() + 1] == ":" else None
+    if named is None:
+        return
+    parameter = named[2:].replace("-", "_")
+    if parameter not in parameters:
+        return
+    if named == field:
+        err.field = parameter  # type: ignore[attr-defined]
+    err.args = (text.replace(f"{named}: ", f"{parameter}: ", 1),) + err.args[1:]
+
+
 def checked(fn: F | None = None, *, own: tuple[str, ...] = ()) -> Any:
     """``fn`` with every argument checked against its hint first (see the module docstring);
     ``own`` names arguments the function checks itself, with a message that says more."""
@@ -167,6 +208,10 @@ def checked(fn: F | None = None, *, own: tuple[str, ...] = ()) -> Any:
             bound.arguments[name] = _as_hinted(value, hint)
             if not matches(bound.arguments[name], hint):
                 raise ConfigError(f"expected {describe(hint)}, got {value!r}", name)
-        return fn(*bound.args, **bound.kwargs)
+        try:
+            return fn(*bound.args, **bound.kwargs)
+        except StructNMTError as err:  # a check shared with the command line names its option
+            name_arguments(err, signature.parameters)
+            raise
 
     return wrapper

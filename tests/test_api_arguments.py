@@ -109,3 +109,45 @@ def test_every_hint_of_the_api_resolves() -> None:
         value = getattr(api, name)
         if hasattr(value, "__wrapped__"):
             _resolve(value.__wrapped__)
+
+
+@pytest.mark.parametrize("call, expected", [
+    (lambda tmp: api.demo(work=tmp / "d", minutes=-1.0), "minutes: must not be negative"),
+    (lambda tmp: api.demo(work=tmp / "d", seed=2**40), "seed: must be below 2**32"),
+    (lambda tmp: api.average([tmp / "a.pt", tmp / "b.pt"], out=tmp), "out: "),
+    (lambda tmp: api.plot_curves([tmp], out=tmp), "out: "),
+    (lambda tmp: api.report([tmp], out=tmp), "out: "),
+])
+def test_a_check_shared_with_the_command_line_names_the_argument(call, expected, tmp_path) -> None:
+    """The API caller wrote ``minutes=``, not ``--minutes``: the message names what they wrote."""
+    with pytest.raises(structnmt.StructNMTError) as caught:
+        call(tmp_path)
+    message = str(caught.value)
+    assert expected in message and "--" not in message.split(":")[0], message
+    if isinstance(caught.value, ConfigError):
+        assert caught.value.field == expected.split(":")[0]
+
+
+def test_an_option_that_is_no_argument_keeps_its_name() -> None:
+    """Only a parameter of the function is renamed: an option the caller has no name for stays."""
+    from structnmt.arguments import name_arguments
+
+    err = ConfigError("bad", "--shard")
+    name_arguments(err, {"jobs": None})
+    assert (err.field, str(err)) == ("--shard", "--shard: bad")
+    err = ConfigError("bad", "--seed-of", path="study.yaml")
+    name_arguments(err, {"seed_of": None})
+    assert (err.field, str(err)) == ("seed_of", "study.yaml: seed_of: bad")
+    plain = structnmt.StructNMTError("--jobs: expected at least 1 shard; structnmt train --jobs 2")
+    name_arguments(plain, {"jobs": None})
+    assert str(plain) == "jobs: expected at least 1 shard; structnmt train --jobs 2"
+
+
+def test_the_command_line_names_its_options(tmp_path, capsys) -> None:
+    """The same check through ``structnmt demo``: its user gave ``--minutes``, and reads that."""
+    from structnmt.cli.main import main
+
+    assert main(["demo", "--work", str(tmp_path / "d"), "--minutes", "-1"]) == 2
+    assert "error: --minutes: must not be negative" in capsys.readouterr().err
+    assert main(["average", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), "--out", str(tmp_path)]) == 2
+    assert f"error: --out: {tmp_path} is a directory" in capsys.readouterr().err

@@ -1254,10 +1254,11 @@ def test_a_niced_run_is_niced_against_other_sessions_too():
     probe = "import os; print(os.getsid(0), os.nice(0), (open('/proc/self/autogroup').read().split() or ['-'])[-1])"
     out = subprocess.run([sys.executable, "-c", probe], preexec_fn=_child_setup(7),  # noqa: PLW1509
                          capture_output=True, text=True, check=True).stdout.split()
-    assert int(out[0]) != os.getsid(0) and out[1] == "7"  # its own session, niced
+    niced = str(max(7, os.nice(0)))  # a run never gets a lower niceness than the tests run at
+    assert int(out[0]) != os.getsid(0) and out[1] == niced  # its own session, niced
     if out[2] == "-":  # a CI runner's kernel once left the new session in its default group
         pytest.skip("the kernel gave the run's new session no autogroup of its own")
-    assert out[2] == "7"  # and that session niced as a whole
+    assert out[2] == "7"  # and that session niced as a whole, whatever the tests' own niceness
     plain = subprocess.run([sys.executable, "-c", probe], preexec_fn=_child_setup(0),  # noqa: PLW1509
                            capture_output=True, text=True, check=True).stdout.split()
     assert int(plain[0]) == os.getsid(0)  # nice 0: left in the study's session

@@ -18,6 +18,7 @@ from pathlib import Path
 import yaml
 
 from structnmt import api
+from structnmt.arguments import command_line
 from structnmt.config import parse_overrides
 from structnmt.errors import ConfigError, DataError, StructNMTError
 from structnmt.parsers.ud_train import PARSER_PRESETS
@@ -575,7 +576,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         args = build_parser().parse_args(argv)
     try:
-        return int(args.func(args) or 0)
+        with command_line():  # errors name the options given, not the API's arguments
+            return int(args.func(args) or 0)
     except StructNMTError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
