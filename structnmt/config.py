@@ -156,14 +156,16 @@ def method_params(entry: Any, where: str) -> MethodParams:
         return entry
     if not isinstance(entry, dict) or "name" not in entry:
         raise ConfigError(f"expected a mapping with the method's name, got {entry!r}", where)
-    from structnmt.model.methods import discover  # the registry types the entries (the user's methods too)
+    from structnmt.model.methods import broken_entry_points, discover  # the registry types the entries
 
     discover()
     name = entry["name"]
     cls = METHOD_PARAMS.get(name) if isinstance(name, str) else None
     if cls is None:
+        broken = "".join(f"; it may be one of a package that failed: {what}" for what in broken_entry_points)
         raise ConfigError(f"unknown method {name!r} (known: {', '.join(sorted(METHOD_PARAMS))}; a method defined "
-                          f"outside structnmt is found when STRUCTNMT_METHODS names its module)", f"{where}.name")
+                          f"outside structnmt is found when STRUCTNMT_METHODS names its module){broken}",
+                          f"{where}.name")
     try:
         params = from_dict(cls, cls.respell(entry, where), where)
     except ConfigError as err:

@@ -103,6 +103,8 @@ def test_a_module_that_cannot_be_imported_is_named_in_one_line(tmp_path: Path, m
 
 
 def test_an_installed_packages_entry_point_offers_its_methods_and_a_broken_one_is_named(tmp_path: Path) -> None:
+    """A broken package nobody asked for warns and leaves every command working; a config that
+    names a method it would have registered is refused with the package's failure in the message."""
     (tmp_path / "usermethods.py").write_text(USER_MODULE, encoding="utf-8")
     info = tmp_path / "mine-0.1.dist-info"
     info.mkdir()
@@ -111,10 +113,17 @@ def test_an_installed_packages_entry_point_offers_its_methods_and_a_broken_one_i
     listed = structnmt_cli(tmp_path, "", "methods")
     assert listed.returncode == 0 and "parent_bonus: A fixed bonus" in listed.stdout, listed.stderr
     (info / "entry_points.txt").write_text("[structnmt.methods]\nmine = mine_gone\n", encoding="utf-8")
+    failure = ("entry points structnmt.methods: cannot import 'mine_gone' (entry point 'mine' of mine) "
+               "(is its folder on PYTHONPATH?): ModuleNotFoundError: No module named 'mine_gone'")
     broken = structnmt_cli(tmp_path, "", "methods")
-    assert broken.returncode == 2
-    assert broken.stderr == ("error: entry points structnmt.methods: cannot import 'mine_gone' (entry point 'mine') "
-                             "(is its folder on PYTHONPATH?): ModuleNotFoundError: No module named 'mine_gone'\n")
+    assert broken.returncode == 0 and "pascal: " in broken.stdout and "parent_bonus" not in broken.stdout
+    assert broken.stderr == f"warning: {failure}; its methods are not available (fix or uninstall the package)\n"
+    (tmp_path / "c.yaml").write_text("model: {methods: [{name: parent_bonus}]}\n", encoding="utf-8")
+    asked = structnmt_cli(tmp_path, "", "train", "c.yaml")
+    assert asked.returncode == 2
+    last = asked.stderr.splitlines()[-1]
+    assert last.startswith("error: c.yaml: model.methods[0].name: unknown method 'parent_bonus'")
+    assert last.endswith(f"; it may be one of a package that failed: {failure}")
 
 
 def test_outside_modules_load_on_first_use_so_they_may_import_any_part_of_structnmt(tmp_path: Path) -> None:

@@ -5,7 +5,10 @@ subclass of :class:`Method`. It is discovered automatically; the trainer, the de
 and the model code stay as they are. A method kept outside the package (a user's own
 module) is found the same way when ``STRUCTNMT_METHODS`` names its module (``mymethods`` or
 ``a.b,c``; every process a command, a study or ``torchrun`` starts inherits it), or when an
-installed package declares it as an entry point of the group ``structnmt.methods``.
+installed package declares it as an entry point of the group ``structnmt.methods``. A module
+the variable names must import (the user asked for it); an installed package's entry point that
+does not is a warning, and the error only of a config that names a method it did not register,
+so that a broken package that was never asked for does not stop every command.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import importlib
 import importlib.metadata
 import os
 import pkgutil
+import sys
 import traceback
 from collections.abc import Callable
 from typing import Any
@@ -45,6 +49,8 @@ ENTRY_POINT_GROUP = "structnmt.methods"
 #: outside modules already imported, and whether the entry points were
 _loaded_outside: set[str] = set()
 _entry_points_loaded = False
+#: entry points that failed to import: what went wrong, for the error of an unknown method
+broken_entry_points: list[str] = []
 
 
 def _discover_package() -> None:
@@ -67,8 +73,15 @@ def discover() -> None:
             _loaded_outside.add(module)
     if not _entry_points_loaded:
         for point in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-            _load_outside(point.load, point.module, f"{point.value!r} (entry point {point.name!r})",
-                          f"entry points {ENTRY_POINT_GROUP}")
+            package = f" of {point.dist.name}" if point.dist is not None else ""
+            try:
+                _load_outside(point.load, point.module, f"{point.value!r} (entry point {point.name!r}{package})",
+                              f"entry points {ENTRY_POINT_GROUP}")
+            except ConfigError as err:
+                broken_entry_points.append(str(err))
+                print(f"warning: {err}; its methods are not available (fix or uninstall the package)",
+                      file=sys.stderr)
+                continue
             _loaded_outside.add(point.module)
         _entry_points_loaded = True
 
