@@ -167,3 +167,26 @@ def test_real_treebank_has_long_dependencies():
     heads = heads_from_conllu(files[0])
     subset = long_dependency_subset(heads)
     assert 0 < len(subset) < len(heads)
+
+
+def test_sacrebleus_detokenise_advice_is_withheld_only_where_the_references_are_tokenised_too(caplog) -> None:
+    """Hypotheses ending in `` .`` like their references follow the data's convention (the demo's
+    synthetic task, a tokenised corpus): sacreBLEU's "forgot to detokenize" would be wrong advice,
+    on every validation and test. Against detokenised references it is right, and stays."""
+    from structnmt.evaluation.significance import paired_bootstrap, uncached
+
+    tokenised = [f"word{n} and word{n + 1} ." for n in range(120)]
+    detokenised = [line.replace(" .", ".") for line in tokenised]
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        assert corpus_scores(tokenised, [tokenised], metrics=["bleu", "chrf"])["bleu"] == pytest.approx(100.0)
+        assert length_ratio(tokenised, [tokenised]) == pytest.approx(1.0)
+        with uncached():
+            paired_bootstrap(tokenised, tokenised, [tokenised], n_samples=10)
+    assert not [r for r in caplog.records if "detokenize" in r.getMessage()]
+    with caplog.at_level("WARNING", logger="sacrebleu"):
+        corpus_scores(tokenised, [detokenised], metrics=["bleu"])
+    assert [r for r in caplog.records if "forgot to detokenize" in r.getMessage()]
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="sacrebleu"), uncached():
+        paired_bootstrap(tokenised, tokenised, [detokenised], n_samples=10)
+    assert [r for r in caplog.records if "forgot to detokenize" in r.getMessage()]

@@ -159,13 +159,22 @@ def check_metrics(metrics: object, where: str = "metrics") -> tuple[str, ...]:
     return tuple(metrics)
 
 
-def _bleu(tokenize: object, trg_lang: str = "", where: str = "tokenize") -> BLEU:
-    """sacreBLEU's BLEU with ``tokenize``; what sacreBLEU raises for a tokeniser it cannot use, as one line."""
+def references_tokenised(refs: Sequence[Sequence[str]]) -> bool:
+    """Whether the first reference ends in a tokenised period (`` .``) on 100 lines or more, as
+    sacreBLEU's "forgot to detokenize" check counts the hypotheses. Then hypotheses that do so too
+    follow their references, and the check (advice to detokenise them) is withheld: BLEU on such
+    data is the data's own convention (a tokenised corpus, the synthetic task), not a mistake."""
+    return bool(refs) and sum(1 for line in refs[0] if line.endswith(" .")) >= 100
+
+
+def _bleu(tokenize: object, trg_lang: str = "", where: str = "tokenize", force: bool = False) -> BLEU:
+    """sacreBLEU's BLEU with ``tokenize``; what sacreBLEU raises for a tokeniser it cannot use, as one line.
+    ``force`` withholds sacreBLEU's "forgot to detokenize" warning (:func:`references_tokenised`)."""
     known = BLEU.TOKENIZERS
     if tokenize is not None and (not isinstance(tokenize, str) or tokenize not in known):  # a bare KeyError
         raise ConfigError(f"unknown sacreBLEU tokeniser {tokenize!r} (known: {', '.join(known)})", where)
     try:
-        return BLEU(tokenize=tokenize, trg_lang=trg_lang)  # type: ignore[arg-type]
+        return BLEU(tokenize=tokenize, trg_lang=trg_lang, force=force)  # type: ignore[arg-type]
     except RuntimeError as err:  # MeCab and its dictionary are extras: sacreBLEU says how to install them
         install = [line.strip() for line in str(err).splitlines() if line.strip().startswith("pip install")]
         raise ConfigError(f"tokeniser {tokenize!r} needs packages that are not installed"
@@ -181,10 +190,11 @@ def check_tokenize(tokenize: object, where: str = "tokenize") -> None:
         _bleu(tokenize, where=where)
 
 
-def make_metric(name: str, tokenize: str | None = None, trg_lang: str = "") -> BLEU | CHRF | TER:
+def make_metric(name: str, tokenize: str | None = None, trg_lang: str = "",
+                force: bool = False) -> BLEU | CHRF | TER:
     """The sacreBLEU metric object for ``name`` with the project's (sacreBLEU default) settings."""
     if name == "bleu":
-        return _bleu(tokenize, trg_lang)
+        return _bleu(tokenize, trg_lang, force=force)
     if name == "chrf":
         return CHRF()
     if name == "ter":
@@ -241,7 +251,7 @@ def corpus_scores(
             result["ribes"] = ribes(hyps, refs)
             result["signature"]["ribes"] = "nltk.corpus_ribes|tok:whitespace|alpha:0.25|beta:0.1"
             continue
-        metric = make_metric(name, tokenize, trg_lang)
+        metric = make_metric(name, tokenize, trg_lang, force=references_tokenised(refs))
         score = metric.corpus_score(list(hyps), [list(r) for r in refs])
         result[name] = float(score.score)
         result["signature"][name] = str(metric.get_signature())
@@ -259,7 +269,8 @@ def bleu_parts(score: Any) -> dict[str, Any]:
 
 def length_ratio(hyps: Sequence[str], refs: Sequence[Sequence[str]], tokenize: str | None = None) -> float | None:
     """Hypothesis length over reference length as BLEU counts them (its tokeniser, closest reference)."""
-    return bleu_parts(make_metric("bleu", tokenize).corpus_score(list(hyps), [list(r) for r in refs]))["ratio"]
+    bleu = make_metric("bleu", tokenize, force=references_tokenised(refs))
+    return bleu_parts(bleu.corpus_score(list(hyps), [list(r) for r in refs]))["ratio"]
 
 
 def score_files(

@@ -46,7 +46,7 @@ import sacrebleu
 from sacrebleu.significance import PairedTest
 
 from structnmt.errors import DataError
-from structnmt.evaluation.scores import make_metric
+from structnmt.evaluation.scores import make_metric, references_tokenised
 
 TestType = Literal["bs", "ar"]
 Verdict = Literal["better", "worse", "no significant difference"]
@@ -154,6 +154,8 @@ def _metric(metric: str, tokenize: str | None):
     extract, cache_references = scorer._extract_corpus_statistics, scorer._cache_references
 
     def references_of(references):
+        if metric == "bleu":  # sacreBLEU's tokenised-period warning, withheld as corpus_scores does
+            scorer._force = references_tokenised(references)
         key = ("refs", metric, tokenize, tuple(_digest(r) for r in references))
         ref_cache, num_refs = _memo(key, lambda: (cache_references(references), scorer.num_refs))
         scorer.num_refs = num_refs  # what sacreBLEU's own call leaves behind, for its signature

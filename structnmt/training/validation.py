@@ -62,9 +62,11 @@ def validate(model: nn.Module, batches: Iterable[tuple[Any, Batch]], dataset: An
     if decode is not None:
         import sacrebleu
 
+        from structnmt.evaluation.scores import references_tokenised
+
         refs = list(dataset.raw("tgt"))
         system = [hyps.get(i, "") for i in range(len(refs))]
-        result["bleu"] = float(sacrebleu.corpus_bleu(system, [refs]).score)
+        result["bleu"] = float(sacrebleu.corpus_bleu(system, [refs], force=references_tokenised([refs])).score)
     return result
 
 
