@@ -98,6 +98,8 @@ def matches(value: Any, hint: Any) -> bool:
 #: simple hints in words
 _WORDS = {bool: "True or False", int: "an integer", float: "a number", str: "a string", _DeviceHint: "a torch.device"}
 PATH_WORDS = "a path (str or pathlib.Path)"
+_PLURALS = {_WORDS[bool]: "True or False values", _WORDS[int]: "integers", _WORDS[float]: "numbers",
+            _WORDS[str]: "strings", _WORDS[_DeviceHint]: "torch.devices"}
 
 
 def describe(hint: Any) -> str:
@@ -118,8 +120,7 @@ def describe(hint: Any) -> str:
         item = describe(args[0]) if args else ""
         if item == PATH_WORDS:
             return "a list of paths (str or pathlib.Path)"
-        return f"a list of {item.removeprefix('a ').removeprefix('an ')}s" if item in _WORDS.values() else (
-            f"a list of ({item})" if item else "a list")
+        return f"a list of {_PLURALS[item]}" if item in _PLURALS else f"a list of ({item})" if item else "a list"
     if origin in (Mapping, dict) or hint in (Mapping, dict):
         return "a mapping"
     if hint in _WORDS:

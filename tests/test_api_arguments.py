@@ -151,3 +151,11 @@ def test_the_command_line_names_its_options(tmp_path, capsys) -> None:
     assert "error: --minutes: must not be negative" in capsys.readouterr().err
     assert main(["average", str(tmp_path / "a.pt"), str(tmp_path / "b.pt"), "--out", str(tmp_path)]) == 2
     assert f"error: --out: {tmp_path} is a directory" in capsys.readouterr().err
+
+
+def test_hints_read_in_words() -> None:
+    from structnmt.arguments import describe
+
+    assert [describe(h) for h in (list[bool], list[int], list[float], list[str], list[int | str])] == [
+        "a list of True or False values", "a list of integers", "a list of numbers", "a list of strings",
+        "a list of (an integer or a string)"]
