@@ -456,6 +456,12 @@ def test_a_method_whose_trees_the_dataset_lacks_is_refused_before_a_run_folder_i
     # and a validation split the dataset lacks names the config too
     message = failing(capsys, "train", str(config), "--set", "model.methods=[]")
     assert message == f"{config}: data.valid_split: the dataset has no split 'val' to validate on (splits: train)"
+    from structnmt.data.dataset import ParallelDataset  # a split named elsewhere: the splits there, in the message
+
+    with pytest.raises(DataError, match=r"dataset/test: no split 'test' in the dataset \(splits: train\)$"):
+        ParallelDataset(tmp_path / "dataset", "test")
+    with pytest.raises(DataError, match=r"no split 'test' in the dataset \(none prepared: run `structnmt prepare`\)"):
+        ParallelDataset(tmp_path / "nowhere", "test")
     for command in ("prepare", "train"):  # a validation split named otherwise must be one of data.splits
         message = failing(capsys, command, str(config), "--set", "data.valid_split=dev")
         assert message == f"{config}: data.valid_split: 'dev' is not one of data.splits (train)"

@@ -74,7 +74,8 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_average(args: argparse.Namespace) -> int:
     out = api.average(args.checkpoints, args.out, across_runs=args.across_runs)
-    print(f"averaged {len(args.checkpoints)} checkpoints into {out}")
+    count = len(args.checkpoints)
+    print(f"averaged {count} checkpoint{'s' if count != 1 else ''} into {out}")
     return 0
 
 

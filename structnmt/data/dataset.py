@@ -366,6 +366,13 @@ def check_offsets(offsets: np.ndarray, values: int, path: Path) -> None:
                         f"starts) is below offsets[{at - 1}] = {int(offsets[at - 1])}; {damaged}", path)
 
 
+def splits_here(dataset_dir: Path) -> str:
+    """The splits a prepared dataset holds, in words, for the error of a split it lacks."""
+    splits = sorted(p.name for p in dataset_dir.iterdir() if (p / "src.ids.data.npy").is_file()) \
+        if dataset_dir.is_dir() else []
+    return f"splits: {', '.join(splits)}" if splits else "none prepared: run `structnmt prepare`"
+
+
 class ParallelDataset:
     """One split of a prepared dataset; every array is memory-mapped unless ``mmap=False``."""
 
@@ -374,7 +381,7 @@ class ParallelDataset:
         self.split = split
         self.path = self.dir / split
         if not self.path.is_dir():
-            raise DataError(f"no split {split!r} in the dataset (run `structnmt prepare`)", self.path)
+            raise DataError(f"no split {split!r} in the dataset ({splits_here(self.dir)})", self.path)
         self.arrays: dict[str, dict[str, tuple[np.ndarray, np.ndarray]]] = {}
         for data_file in sorted(self.path.glob("*.data.npy")):
             side, name = data_file.name[: -len(".data.npy")].split(".", 1)

@@ -563,7 +563,7 @@ def endless_note(t: TrainingConfig) -> str | None:
 def train(cfg: ExperimentConfig, resume: bool = False,
           overrides: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train the model ``cfg`` describes on its prepared dataset (``structnmt train``)."""
-    from structnmt.data.dataset import ParallelDataset
+    from structnmt.data.dataset import ParallelDataset, splits_here
     from structnmt.data.pipeline import Preprocessor
     from structnmt.model.transformer import Transformer
 
@@ -596,9 +596,8 @@ def train(cfg: ExperimentConfig, resume: bool = False,
         check_fields_stored(cfg, model, train_set)
         valid_dir = Path(cfg.data.dir) / cfg.data.valid_split
         if not valid_dir.is_dir() and (t.valid_every > 0 or t.early_stopping > 0):
-            splits = sorted(p.name for p in Path(cfg.data.dir).iterdir() if p.is_dir() and not p.name.startswith("."))
             raise ConfigError(f"the dataset has no split {cfg.data.valid_split!r} to validate on "
-                              f"(splits: {', '.join(splits)})", "data.valid_split", cfg.path)
+                              f"({splits_here(Path(cfg.data.dir))})", "data.valid_split", cfg.path)
         valid_set = ParallelDataset(cfg.data.dir, cfg.data.valid_split) if valid_dir.is_dir() else None
         for split in (train_set, valid_set):
             if split is not None:
