@@ -442,7 +442,8 @@ class DecodingConfig:
     def validate(self, where: str) -> None:
         _need(self.beam >= 1, "must be at least 1", f"{where}.beam")
         check_beam(self.beam, f"{where}.beam")
-        _need(1 <= self.nbest <= self.beam, "must be between 1 and beam", f"{where}.nbest")
+        _need(1 <= self.nbest <= self.beam, f"must be between 1 and the beam size ({self.beam}), got {self.nbest}",
+              f"{where}.nbest")
         _at_least(self, where, 0, "length_penalty", "max_len_a", "max_len_b")
         _at_least(self, where, 1, "max_tokens")
 

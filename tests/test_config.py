@@ -97,3 +97,10 @@ def test_cuda_graphs_takes_auto_on_or_off_and_names_itself_otherwise(tmp_path):
     assert load_config(path).training.cuda_graphs == "off"
     with pytest.raises(ConfigError, match=r"training\.cuda_graphs: must be one of \['auto', 'on', 'off'\], got 'yes'"):
         config_from_dict({"training": {"cuda_graphs": "yes"}})
+
+
+def test_an_nbest_wider_than_the_beam_names_both() -> None:
+    from structnmt.config import DecodingConfig
+
+    with pytest.raises(ConfigError, match=r"^decoding\.nbest: must be between 1 and the beam size \(2\), got 3$"):
+        DecodingConfig(beam=2, nbest=3).validate("decoding")
