@@ -63,5 +63,8 @@ def test_training_curves_picture(tmp_path):
     out = plot_training_curves([tmp_path / "base", tmp_path / "pascal"], tmp_path / "curves.png",
                                figsize=(9, 3), dpi=50)
     check_png(out, 450, 150)
-    with pytest.raises(DataError, match="training log not found"):
+    with pytest.raises(DataError, match="missing: no such run folder or log file$"):
         plot_training_curves([tmp_path / "missing"], tmp_path / "c2.png")
+    (tmp_path / "fresh").mkdir()
+    with pytest.raises(DataError, match=r"fresh/log.jsonl: no training log here \(a run folder holds log.jsonl"):
+        plot_training_curves([tmp_path / "fresh"], tmp_path / "c2.png")

@@ -65,8 +65,10 @@ def plot_training_curves(
     for colour, (label, where) in enumerate(items):
         path = Path(where)
         log = path / "log.jsonl" if path.is_dir() else path
+        if not path.exists():
+            raise DataError("no such run folder or log file", path)
         if not log.exists():
-            raise DataError("training log not found", log)
+            raise DataError("no training log here (a run folder holds log.jsonl once training has begun)", log)
         records = read_log_numbered(log)
         for ax, (kind, key, _) in zip(axes, PANELS):
             steps, values = _series(records, kind, key, log)
