@@ -1179,6 +1179,16 @@ def test_a_beam_over_the_limit_is_refused_naming_it(demo: Path, no_wide_search: 
     nbest = failing(capsys, *translate_args(demo, "--nbest", "5000"))
     assert nbest.startswith("--nbest: must be at most 1000, got 5000")
     assert failing(capsys, "test", "demo/run", "--beam", "1000000", "--device", "cpu") == beam
+    # below 1, or an n-best list wider than its beam: the option on the command line, the argument in Python
+    assert failing(capsys, *translate_args(demo, "--beam", "0")) == "--beam: must be at least 1, got 0"
+    assert failing(capsys, *translate_args(demo, "--nbest", "3", "--beam", "2")) == \
+        "--nbest: 3 best need a beam of at least 3, got --beam 2"
+    with pytest.raises(ConfigError, match=r"^beam: must be at least 1, got 0$"):
+        translator.translate(["the dog ."], beam=0)
+    with pytest.raises(ConfigError, match=r"^max_len_a: must not be negative, got -1.0$"):
+        translator.translate(["the dog ."], max_len_a=-1)
+    with pytest.raises(ConfigError, match=r"^n: 3 best need a beam of at least 3, got beam=2$"):
+        translator.nbest(["the dog ."], 3, beam=2)
     # decoding.beam in a config: BAD_NUMBERS["decoding.beam=1000000"]
     assert translator.translate(["the dog ."], beam=1000)  # the limit itself is searched (cut to the vocabulary)
 

@@ -146,12 +146,17 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
 
 def _check_beams(args: argparse.Namespace) -> None:
-    """``--beam``/``--nbest`` over :data:`structnmt.config.MAX_BEAM`, named as typed, before the model loads."""
-    from structnmt.config import check_beam
+    """``--beam``/``--nbest`` below 1, over :data:`structnmt.config.MAX_BEAM` or an n-best list wider
+    than the beam, named as typed, before the model loads."""
+    from structnmt.config import check_beam, check_count
 
     for option in ("beam", "nbest"):
         if getattr(args, option, None) is not None:
+            check_count(getattr(args, option), f"--{option}", 1)
             check_beam(getattr(args, option), f"--{option}")
+    beam, nbest = getattr(args, "beam", None), getattr(args, "nbest", None)
+    if beam is not None and nbest is not None and nbest > beam:
+        raise ConfigError(f"{nbest} best need a beam of at least {nbest}, got --beam {beam}", "--nbest")
 
 
 def cmd_test(args: argparse.Namespace) -> int:
