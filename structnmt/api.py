@@ -275,7 +275,7 @@ def test(run: str | Path, checkpoint: str | Path | None = None, splits: Sequence
     from structnmt.evaluation.run_eval import evaluate_run
 
     long_dependency = 0 if long_dependency is None else long_dependency  # None: off, as before
-    check_count(long_dependency, "long_dependency", 0, LONG_DEPENDENCY_OFF)
+    check_count(long_dependency, "--long-dependency", 0, LONG_DEPENDENCY_OFF)  # named as the caller's (arguments.py)
     return evaluate_run(_path(run, "run"), _path(checkpoint, "checkpoint", optional=True),  # type: ignore[arg-type]
                         list(splits) if splits else None, device, beam,
                         quiet=not verbose, long_dependency=long_dependency)
@@ -316,7 +316,7 @@ def report(runs: Sequence[str | Path], baseline: str | None = None, test_sets: S
     from structnmt.evaluation.report import build_report
     from structnmt.io import check_output_path
 
-    check_count(samples, "samples", 1)
+    check_count(samples, "--samples", 1)
     if out:  # before the bootstrap, not after it
         check_output_path(out, "--out")
     if plots:
@@ -545,7 +545,10 @@ def train_parser(lang: str | None = None, conllu: Sequence[str | Path] | None = 
     given = {"lang": lang, "conllu": conllu, "out": out}
     missing = [name for name, value in given.items() if not value]
     if missing:
-        raise ConfigError("missing (give it or use a preset)", missing[0])
+        raise ConfigError("missing (give it or use a preset)", f"--{missing[0]}")
+    for option, value in (("--steps", steps), ("--eval-frequency", eval_frequency)):
+        if value is not None:  # named here, not as the trainer's max_steps
+            check_count(value, option, 1)
     size = EN_UD_SIZE if preset == "en_ud" else ParserSize()
     steps = steps or PRESET_STEPS.get(preset or "", 1500)
     return train_ud_parser(lang, [Path(p) for p in conllu], Path(dev) if dev else None,  # type: ignore[arg-type]

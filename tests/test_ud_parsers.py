@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -263,4 +264,17 @@ def test_parser_train_names_its_options_as_typed(tmp_path: Path, capsys) -> None
                      "--out", str(tmp_path / "out"), *argv])
         err = capsys.readouterr().err
         assert code == 2 and err == f"error: {said}\n"
+    assert not (tmp_path / "out").exists()
+
+
+def test_parser_train_from_python_names_its_arguments(tmp_path: Path) -> None:
+    """The checks the command line shares, named as the Python caller wrote them."""
+    import structnmt
+
+    for kwargs, said in (({"steps": -5}, "steps: must be at least 1, got -5"),
+                         ({"eval_frequency": 0}, "eval_frequency: must be at least 1, got 0"),
+                         ({"conllu": None}, "conllu: missing (give it or use a preset)")):
+        arguments = {"lang": "en", "conllu": [tmp_path / "a.conllu"], "out": tmp_path / "out", **kwargs}
+        with pytest.raises(ConfigError, match=f"^{re.escape(said)}$"):
+            structnmt.train_parser(**arguments)
     assert not (tmp_path / "out").exists()

@@ -161,7 +161,6 @@ def _check_beams(args: argparse.Namespace) -> None:
 
 def cmd_test(args: argparse.Namespace) -> int:
     _check_beams(args)
-    api.check_count(args.long_dependency, "--long-dependency", 0, api.LONG_DEPENDENCY_OFF)
     api.test(args.run, args.checkpoint, args.splits, args.beam, args.device, long_dependency=args.long_dependency,
              verbose=True)
     return 0
@@ -193,7 +192,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    api.check_count(args.samples, "--samples", 1)
     text = api.report(args.runs, args.baseline, args.test_sets, args.out, samples=args.samples, plots=args.plots)
     print(text if not args.out else f"report written to {args.out}")
     if args.plots:
@@ -221,9 +219,6 @@ def cmd_plot_curves(args: argparse.Namespace) -> int:
 
 
 def cmd_parser_train(args: argparse.Namespace) -> int:
-    for option, value in (("--steps", args.steps), ("--eval-frequency", args.eval_frequency)):
-        if value is not None:  # named as typed (the trainer's own check says max_steps)
-            api.check_count(value, option, 1)
     _output_dir(args.out, "--out")
     path = api.train_parser(args.lang, args.conllu, args.out, args.dev, args.preset, args.shared, steps=args.steps,
                             eval_frequency=args.eval_frequency)
