@@ -139,7 +139,9 @@ def download(corpus: str, out: str | Path, source: str | Path | None = None,
     (``base_url``, default ``$STRUCTNMT_DOWNLOAD_URL``) or a local copy of them (``source``);
     returns the line count of each file written."""
     from structnmt.data.corpora import download as fetch
+    from structnmt.io import check_output_path
 
+    check_output_path(_path(out, "out"), "--out", directory=True)  # type: ignore[arg-type]  # before any fetch
     return fetch(corpus, out, source, base_url)
 
 
@@ -152,8 +154,9 @@ def prepare_multi30k(pair: str = "en-de", source: str | Path | None = None, out:
     is None; ``parser`` is a spaCy model for the source trees."""
     from structnmt.data.multi30k import build_multi30k, raw_dir
     from structnmt.data.prepare import prepare as build
+    from structnmt.io import check_output_path
 
-    out = Path(out or f"data/multi30k_{pair.replace('-', '_')}")
+    out = check_output_path(out or f"data/multi30k_{pair.replace('-', '_')}", "--out", directory=True)
     # the data config written beside the raw files names this dataset (``out``) and its parser
     data = build_multi30k(pair, raw_dir(out), Path(source) if source else None, base_url, dataset=out,
                           parser=parser)
@@ -296,7 +299,7 @@ def evaluate(hypotheses: str | Path | Sequence[str], references: str | Path | Se
     from structnmt.evaluation.scores import check_metrics, check_tokenize, corpus_scores, read_parallel
 
     chosen = check_metrics(metrics)  # settings before the files: a typo costs no reading
-    check_tokenize(tokenize)
+    check_tokenize(tokenize, "--tokenize")
     hyps, refs = read_parallel(hypotheses, references, allow_empty=allow_empty)
     return corpus_scores(hyps, refs, metrics=chosen, tokenize=tokenize)
 
@@ -337,10 +340,10 @@ def plot_attention(checkpoint: str | Path, out: str | Path, sentence: str | None
                    head: int = 0, dataset: str | Path | None = None, device: str | torch.device | None = "cpu") -> Path:
     """Heat map of one head (0-based) in one layer (1-based) on raw ``sentence`` or on line
     ``line`` (1-based) of a prepared ``split``, with its dependency arcs or scenes on top."""
-    from structnmt.io import check_output_path
+    from structnmt.visualisation.attention import check_figure_path
     from structnmt.visualisation.model_attention import plot_model_attention
 
-    check_output_path(_path(out, "out"), "--out")  # type: ignore[arg-type]  # before the model is loaded
+    check_figure_path(_path(out, "out"), "--out")  # type: ignore[arg-type]  # its format too, before the model loads
     return plot_model_attention(load(checkpoint, device, dataset), out, sentence=sentence, split=split, line=line,
                                 attention=attention, layer=layer, head=head)
 
@@ -349,10 +352,10 @@ def plot_attention(checkpoint: str | Path, out: str | Path, sentence: str | None
 def plot_curves(runs: Sequence[str | Path], out: str | Path) -> Path:
     """Training curves (loss, validation BLEU) of several runs in one picture."""
     from structnmt.evaluation.report import run_names
-    from structnmt.io import check_output_path
+    from structnmt.visualisation.attention import check_figure_path
     from structnmt.visualisation.curves import plot_training_curves
 
-    target = check_output_path(_path(out, "out"), "--out")  # type: ignore[arg-type]
+    target = check_figure_path(_path(out, "out"), "--out")  # type: ignore[arg-type]  # its format too
     if not runs:
         raise ConfigError("no run to plot", "runs")
     return plot_training_curves(dict(zip(run_names(runs), map(Path, runs))), target)
@@ -549,6 +552,9 @@ def train_parser(lang: str | None = None, conllu: Sequence[str | Path] | None = 
     for option, value in (("--steps", steps), ("--eval-frequency", eval_frequency)):
         if value is not None:  # named here, not as the trainer's max_steps
             check_count(value, option, 1)
+    from structnmt.io import check_output_path
+
+    check_output_path(out, "--out", directory=True)  # type: ignore[arg-type]  # before the training
     size = EN_UD_SIZE if preset == "en_ud" else ParserSize()
     steps = steps or PRESET_STEPS.get(preset or "", 1500)
     return train_ud_parser(lang, [Path(p) for p in conllu], Path(dev) if dev else None,  # type: ignore[arg-type]

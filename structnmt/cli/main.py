@@ -37,7 +37,6 @@ def _output_dir(path: str | Path | None, argument: str) -> None:
 
 def cmd_prepare(args: argparse.Namespace) -> int:
     if args.config == "multi30k":
-        _output_dir(args.out, "--out")
         path = api.prepare_multi30k(args.pair, args.from_dir, args.out, args.parser, force=args.force,
                                     base_url=args.base_url)
     else:
@@ -58,7 +57,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_download(args: argparse.Namespace) -> int:
-    _output_dir(args.out, "--out")
     api.download(args.corpus, args.out, args.from_dir, args.base_url)
     return 0
 
@@ -167,9 +165,8 @@ def cmd_test(args: argparse.Namespace) -> int:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from structnmt.evaluation.scores import STDIN, check_tokenize
+    from structnmt.evaluation.scores import STDIN
 
-    check_tokenize(args.tokenize, "--tokenize")  # named as typed, before the files are read
     if [args.hyp, *args.ref].count(STDIN) > 1:
         raise ConfigError("standard input ('-') can be read only once: give a file to all but one of "
                           "--hyp and --ref", "--ref")
@@ -200,9 +197,6 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 
 def cmd_plot_attention(args: argparse.Namespace) -> int:
-    from structnmt.visualisation.attention import check_figure_path
-
-    check_figure_path(args.out, "--out")  # its format too, before the model is loaded
     api.plot_attention(args.checkpoint, args.out, sentence=args.sentence, line=args.line, split=args.split,
                        attention=args.attention, layer=args.layer, head=args.head, dataset=args.dataset)
     print(f"attention map written to {args.out}")
@@ -210,16 +204,12 @@ def cmd_plot_attention(args: argparse.Namespace) -> int:
 
 
 def cmd_plot_curves(args: argparse.Namespace) -> int:
-    from structnmt.visualisation.attention import check_figure_path
-
-    check_figure_path(args.out, "--out")  # its format too, before the logs are read
     api.plot_curves(args.runs, args.out)
     print(f"training curves written to {args.out}")
     return 0
 
 
 def cmd_parser_train(args: argparse.Namespace) -> int:
-    _output_dir(args.out, "--out")
     path = api.train_parser(args.lang, args.conllu, args.out, args.dev, args.preset, args.shared, steps=args.steps,
                             eval_frequency=args.eval_frequency)
     print(f"parser written to {path}")
