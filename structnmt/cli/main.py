@@ -78,9 +78,6 @@ def cmd_average(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from structnmt.decoding.ctranslate2_export import check_quantization
-
-    check_quantization(args.quantization, "--quantization")  # named as typed, before the model loads
     _output_dir(args.out_dir, "OUT_DIR")
     out = api.export_ctranslate2(args.checkpoint, args.out_dir, dataset=args.dataset,
                                  quantization=args.quantization, force=args.force)

@@ -41,7 +41,7 @@ def require_ctranslate2() -> Any:
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 
 
-def check_quantization(quantization: str | None, where: str = "quantization") -> None:
+def check_quantization(quantization: str | None, where: str = "--quantization") -> None:
     """Refuse a weight type CTranslate2 does not know, listing those it does, before the model is
     loaded (CTranslate2 itself raises a ``ValueError`` only once the spec is built)."""
     if quantization is None:
