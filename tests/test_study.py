@@ -1562,3 +1562,20 @@ def test_a_copy_of_the_tree_names_the_commit_it_was_made_from(monkeypatch):
     assert provenance.git_commit() == "0123456789abcdef0123456789abcdef01234567"
     monkeypatch.setenv("STRUCTNMT_COMMIT", "feedface")  # naming git's own HEAD keeps git's word, "+dirty" too
     assert provenance.git_commit() == "feedfacefeedfacefeedfacefeedfacefeedface+dirty"
+
+
+def test_methods_kept_outside_the_package_are_named_with_their_digest_by_seed(tmp_path):
+    """No commit of structnmt pins a user's method module: the report names it with its file's
+    digest beside the commit, and a seed whose runs ran different code of it is warned of."""
+    path = _hand_made_study(tmp_path, None)
+    study = load_study(path)
+    for recipe, digest in (("vanilla", "1" * 64), ("pascal", "2" * 64)):
+        file = study.record_dir(recipe, 2) / "record.json"
+        record = json.loads(file.read_text())
+        file.write_text(json.dumps({**record, "methods_outside": {"mymethods": digest}}))
+    text = write_report(load_study(path)).read_text()
+    assert ("- **Warning: seed 2 pools runs of 3 commits**, aaaaaaa: vanilla, pascal; mymethods@11111111: vanilla; "
+            "mymethods@22222222: pascal.") in text
+    assert "and each module of methods kept outside the package, with its file's digest" in text
+    section = text.split("## Provenance by seed")[1]
+    assert "| aaaaaaa, mymethods@22222222 |" in section

@@ -715,11 +715,15 @@ def machine_kinds(record: dict[str, Any]) -> list[str]:
 
 def _commits(record: dict[str, Any]) -> list[str]:
     """structnmt's commits a run was trained (each call's) and tested (the record's) at, short; or
-    ["not recorded"]."""
+    ["not recorded"]; then each module of methods kept outside the package with its file's digest
+    (``mymethods@1a2b3c4d``), since no commit of structnmt pins that code."""
     found = [c.get("git_commit") for c in record.get("calls") or [] if isinstance(c, dict)]
     found.append(record.get("git_commit"))
     short = [f"{c[:7]}{'+dirty' if c.endswith('+dirty') else ''}" for c in found if isinstance(c, str) and c]
-    return list(dict.fromkeys(short)) or ["not recorded"]
+    outside = record.get("methods_outside")
+    modules = [f"{name}@{str(digest)[:8]}" for name, digest in sorted(outside.items())] \
+        if isinstance(outside, dict) else []
+    return (list(dict.fromkeys(short)) or ["not recorded"]) + modules
 
 
 def _own_subsets_match(record: dict[str, Any], lines: dict[str, list[int]]) -> bool | None:
@@ -844,10 +848,12 @@ def provenance_lines(study: Study, records: dict[str, dict[int, dict]],
     def cell(value: Any, absent: str = "-") -> str:
         return absent if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
+    outside = ", and each module of methods kept outside the package, with its file's digest" if any(
+        "methods_outside" in r for by_seed in records.values() for r in by_seed.values()) else ""
     lines = ["## Provenance by seed", "",
              "Machine: the CPU (with the instruction set torch used) and GPU the run trained on (a resumed run: "
              "every one its calls name); commit: structnmt's commit at each call and at testing (+dirty: with "
-             "changes not committed); threads: each call's; trees: the digest of the trees its model read "
+             f"changes not committed){outside}; threads: each call's; trees: the digest of the trees its model read "
              "(pinned: the study's; **other**: not the study's); -: not recorded (records made before it was "
              "kept).", "",
              "| seed | recipe | machine | cores | memory (GiB) | GPU | precision | threads | commit | trees |",
