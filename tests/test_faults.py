@@ -52,7 +52,7 @@ def unwritable(tmp_path: Path) -> Path:
     if os.geteuid() == 0:
         return Path("/proc/self")
     path = tmp_path / "read-only"
-    path.mkdir()
+    path.mkdir(exist_ok=True)  # asked for more than once in a test
     path.chmod(0o555)
     return path
 
