@@ -531,6 +531,7 @@ def train_parser(lang: str | None = None, conllu: Sequence[str | Path] | None = 
     number of updates (``steps``; default the preset's, else 1500)."""
     import sys
 
+    from structnmt.io import check_output_path
     from structnmt.parsers.ud_train import EN_UD_SIZE, PARSER_PRESETS, PRESET_STEPS, ParserSize, train_ud_parser
 
     if preset:
@@ -552,8 +553,6 @@ def train_parser(lang: str | None = None, conllu: Sequence[str | Path] | None = 
     for option, value in (("--steps", steps), ("--eval-frequency", eval_frequency)):
         if value is not None:  # named here, not as the trainer's max_steps
             check_count(value, option, 1)
-    from structnmt.io import check_output_path
-
     check_output_path(out, "--out", directory=True)  # type: ignore[arg-type]  # before the training
     size = EN_UD_SIZE if preset == "en_ud" else ParserSize()
     steps = steps or PRESET_STEPS.get(preset or "", 1500)

@@ -440,7 +440,7 @@ class DecodingConfig:
     max_tokens: int = 8000  # source tokens per decoding batch
 
     def validate(self, where: str) -> None:
-        _need(self.beam >= 1, "must be at least 1", f"{where}.beam")
+        _at_least(self, where, 1, "beam")
         check_beam(self.beam, f"{where}.beam")
         _need(1 <= self.nbest <= self.beam, f"must be between 1 and the beam size ({self.beam}), got {self.nbest}",
               f"{where}.nbest")

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from structnmt.config import DecodingConfig, ExperimentConfig, check_beam, check_count
+from structnmt.config import DecodingConfig, ExperimentConfig, check_beam
 from structnmt.data.batch import PAD_ID
 from structnmt.data.batching import collate_examples
 from structnmt.data.example import Example, Side
@@ -150,7 +150,6 @@ class Translator:
         hints = typing.get_type_hints(DecodingConfig)
         given = {k: convert(hints[k], v, k) for k, v in changes.items() if v is not None}  # beam="5" names beam
         if "beam" in given:
-            check_count(given["beam"], "beam", 1)
             check_beam(given["beam"], "beam")  # before a search of 10**6 rows, naming the argument
         settings = dataclasses.replace(self.config.decoding, **given)
         try:
@@ -172,7 +171,8 @@ class Translator:
         if n < 1:
             raise ConfigError(f"must be at least 1, got {n}", "n")
         check_beam(n, "n")  # n best need a beam of n
-        if beam is not None and not isinstance(beam, bool) and isinstance(beam, int) and n > beam:
+        beam = None if beam is None else convert(int, beam, "beam")
+        if beam is not None and n > beam:
             raise ConfigError(f"{n} best need a beam of at least {n}, got beam={beam}", "n")
         settings = self.decoding(beam=beam if beam is not None else max(n, self.config.decoding.beam),
                                  nbest=n, length_penalty=length_penalty, max_len_a=max_len_a,

@@ -209,7 +209,6 @@ def dataset_parsers(cfg: ExperimentConfig) -> dict[str, Any] | None:
     return json.loads(meta_file.read_text(encoding="utf-8")).get("parsers")
 
 
-
 def _command(run_dir: Path) -> list[str]:
     """The command line that trained the run: ``structnmt``'s own when it was that, else (a script,
     a notebook, a study's run) the one that trains it again from the config written beside it."""
@@ -217,6 +216,7 @@ def _command(run_dir: Path) -> list[str]:
     if entry.name == "structnmt" or entry.parts[-3:] == ("structnmt", "cli", "main.py"):
         return list(sys.argv)
     return ["structnmt", "train", str(run_dir / "config.yaml")]
+
 
 def write_run_files(run_dir: Path, cfg: ExperimentConfig, parameters: int, device: str, world_size: int,
                     precision: str, resumed_from: Path | None) -> None:
