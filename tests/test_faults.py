@@ -1123,6 +1123,11 @@ API_ARGUMENTS = {
                         "sentences: got bytes, not a str: decode them first (text.decode('utf-8'))"),
     "translate_a_list_holding_bytes": (lambda t: t.translate(["the dog .", b"A man"]), DataError,
                                        "sentences: sentence 2 is bytes, not a str: decode it first"),
+    # `structnmt translate` refuses such a line of its input; the API the same sentence
+    "translate_a_bell": (lambda t: t.translate(["the dog .", "a bell \x07 rings ."]), DataError,
+                         "sentences: sentence 2 holds control character U+0007"),
+    "score_a_line_break": (lambda t: t.score(["the dog ."], ["der hund .\nein"]), DataError,
+                           "references: sentence 1 holds control character U+000A"),
 }
 
 

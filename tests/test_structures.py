@@ -47,6 +47,15 @@ def test_alignment_trailing_orphan_takes_previous_word_and_missing_word_fails() 
         align_pieces_to_words([(0, 5)], [(0, 2), (6, 8)], path="f.txt", line=7)
 
 
+def test_an_empty_piece_inside_a_word_joins_that_word() -> None:
+    # "\u200bThe cat": the parser's first word keeps the zero-width space (characters 0..4);
+    # SentencePiece normalises it away and leaves an empty "▁" at character 1, inside that word.
+    # Joining the next word instead put "cat" before "The" and refused the sentence.
+    assert align_pieces_to_words([(1, 1), (1, 4), (4, 8)], [(0, 4), (5, 8)]).tolist() == [0, 0, 1]
+    # between words it still joins the next one, past the last word the last one
+    assert align_pieces_to_words([(0, 3), (4, 4), (4, 7), (8, 8)], [(0, 3), (4, 7)]).tolist() == [0, 1, 1, 1]
+
+
 def test_project_parent_mid_and_parent_first() -> None:
     word_index = np.array([0, 0, 0, 1, 1, 2, 3, 3])  # 8 sub-words
     parent_first, parent_mid = project(tree(), word_index)

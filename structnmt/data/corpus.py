@@ -42,7 +42,7 @@ class RawLines:
 _CONTROL = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
 
 
-def _bad_char(text: str) -> str | None:
+def control_character(text: str) -> str | None:
     """The first control character other than tab, if any (Unicode category Cc)."""
     found = _CONTROL.search(text)
     return found.group() if found else None
@@ -86,7 +86,7 @@ def iter_raw(path: str | Path, drop_bad_lines: bool = False, hint: str = DROP_HI
                         ) from None
                     yield None
                     continue
-                ch = _bad_char(text)
+                ch = control_character(text)
                 if ch is not None:
                     if not drop_bad_lines:
                         raise DataError(

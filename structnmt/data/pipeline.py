@@ -277,16 +277,17 @@ class Preprocessor:
         return out
 
     def encode_sources(self, lines: list[str], with_structure: bool, split: str = "translate",
-                       numbers: list[int] | None = None) -> list[Example]:
+                       numbers: list[int] | None = None, path: str | None = None) -> list[Example]:
         """Source-only examples for translation; parsed only when a method needs the structure.
-        ``numbers``: the 1-based input line of each (default 1, 2, ...), for messages."""
+        ``path`` and ``numbers`` (the 1-based input line of each; default 1, 2, ...) name the
+        input in messages."""
         texts = [self.tokenise("src", s) for s in lines]
         numbers = numbers or list(range(1, len(lines) + 1))
         trees = self.parse("src", split, texts, numbers) if with_structure else None
         out = []
         for k, raw in enumerate(lines):
             text = texts[k] if self.task_tag is None else tag(texts[k], self.task_tag)
-            side = self._side("src", text, trees[k] if trees else None, split, numbers[k], None)
+            side = self._side("src", text, trees[k] if trees else None, split, numbers[k], path)
             out.append(Example(src=side, meta={"line": numbers[k], "src_text": raw}))
         return out
 

@@ -62,8 +62,9 @@ def align_pieces_to_words(
     """The word (0-based) of each sub-word, from character offsets in the same raw sentence.
 
     A piece belongs to the word it overlaps most (ties: the earlier word). A piece that
-    overlaps no word (a lone "▁", a whitespace piece) joins the next word, or the previous
-    one at the end of the sentence. Every word must receive at least one piece, else the
+    overlaps no word (a lone "▁", a whitespace piece, the empty piece SentencePiece leaves where
+    it normalised away a zero-width character) joins the word it lies in, else the next word,
+    or the previous one at the end of the sentence. Every word must receive at least one piece, else the
     tokenisation and the parse disagree and the sentence cannot be used.
     """
     n_pieces, n_words = len(piece_spans), len(word_spans)
@@ -79,8 +80,9 @@ def align_pieces_to_words(
     index = overlap.argmax(axis=1)
     orphan = overlap.max(axis=1) == 0
     if orphan.any():
-        # first word starting at or after the piece; past the last word: the last word
-        following = np.searchsorted(words[:, 0], pieces[orphan, 0], side="left")
+        # the first word that ends after the piece starts (the word it lies in, else the next
+        # one); past the last word: the last word
+        following = np.searchsorted(words[:, 1], pieces[orphan, 0], side="right")
         index[orphan] = np.minimum(following, n_words - 1)
     if np.any(np.diff(index) < 0):
         bad = int(np.flatnonzero(np.diff(index) < 0)[0]) + 1

@@ -116,12 +116,13 @@ def translate_lines(model: Transformer, pre: Preprocessor, lines: list[str], cfg
     if not full:
         return [[""] for _ in lines]
     examples = pre.encode_sources([lines[k] for k in full], with_structure=bool(fields["src"]),
-                                  numbers=[k + 1 for k in full])
+                                  numbers=[k + 1 for k in full], path=source)
     limit = model.cfg.max_positions - 1  # one position is the EOS
     long = [j for j, ex in enumerate(examples) if len(ex.src.ids) > limit]
     if long:
         short = pre.encode_sources([shorten_to_fit(pre, lines[full[j]], limit) for j in long],
-                                   with_structure=bool(fields["src"]), numbers=[full[j] + 1 for j in long])
+                                   with_structure=bool(fields["src"]), numbers=[full[j] + 1 for j in long],
+                                   path=source)
         for j, ex in zip(long, short):
             examples[j] = ex
         _warn_truncated(source, [full[j] + 1 for j in long], limit)
@@ -167,7 +168,8 @@ def translate_split(model: Transformer, dataset: ParallelDataset, pre: Preproces
                             int(long[0]) + 1)
         raw = dataset.raw("src")
         examples = pre.encode_sources([shorten_to_fit(pre, raw[i], limit) for i in long.tolist()],
-                                      with_structure=needs_trees)
+                                      with_structure=needs_trees, numbers=[int(i) + 1 for i in long],
+                                      path=str(dataset.path))
         _warn_truncated(dataset.path, [int(i) + 1 for i in long], limit, "; they are still scored")
         if truncated is not None:
             truncated.extend(int(i) + 1 for i in long)

@@ -23,6 +23,7 @@ import torch
 from structnmt.config import DecodingConfig, ExperimentConfig, check_beam
 from structnmt.data.batch import PAD_ID
 from structnmt.data.batching import collate_examples
+from structnmt.data.corpus import control_character
 from structnmt.data.example import Example, Side
 from structnmt.data.pipeline import Preprocessor
 from structnmt.decoding.attention_maps import AttentionMaps, attention_maps
@@ -117,6 +118,10 @@ def _sentences(sentences: str | Sequence[str], argument: str = "sentences") -> l
                             argument)
         if not isinstance(sentence, str):
             raise DataError(f"sentence {number} is a {type(sentence).__name__}, not a str", argument)
+        ch = control_character(sentence)
+        if ch is not None:  # as `structnmt translate` refuses it in a line of its input
+            raise DataError(f"sentence {number} holds control character U+{ord(ch):04X} (a line break or "
+                            "another character no sentence has): remove it", argument)
     return out
 
 
@@ -259,7 +264,8 @@ class Translator:
     def encode_sources(self, sources: list[str]) -> list[Example]:
         """Source examples as ``translate`` builds them (parsed only if a method reads trees)."""
         limit = self.model.cfg.max_positions - 1
-        examples = self.preprocessor.encode_sources(sources, with_structure=bool(self.source_fields()["src"]))
+        examples = self.preprocessor.encode_sources(sources, with_structure=bool(self.source_fields()["src"]),
+                                                    path="<input>")
         for number, example in enumerate(examples, start=1):
             if len(example.src.ids) > limit:
                 raise DataError(f"{len(example.src.ids)} sub-words; the model reads at most {limit} "

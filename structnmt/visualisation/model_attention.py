@@ -59,7 +59,7 @@ def plot_model_attention(translator: Translator, out: str | Path, sentence: str 
         if fields["src"] - {"word_index"} and not parser_ok:
             raise ConfigError("this model needs source trees and the dataset's parser cannot parse new text; "
                               "draw a line of a prepared split instead", "sentence")
-        example = pre.encode_sources([sentence], with_structure=parser_ok)[0]
+        example = pre.encode_sources([sentence], with_structure=parser_ok, path="<sentence>")[0]
         if example.src.word_index is None:
             fields["src"].discard("word_index")
         batch = collate_examples([example], fields, translator.labels)
