@@ -202,6 +202,8 @@ def test_undecodable_or_control_line_is_dropped_on_request(
     code, out, _ = cli(capsys, "prepare", str(config))
     assert code == 0
     assert "train: kept 29 of 30 pairs; dropped {'bad_line': 1}" in out
+    # which line went, and why, as the refusal without drop_bad_lines says it
+    assert f"train: dropped (bad_line) {tmp_path / 'train.en'}:12: {BAD_BYTES[case][1]}" in out
     ds = ParallelDataset(tmp_path / "dataset", "train")
     assert len(ds) == 29 and ds.raw("tgt")[11] == tgt[12]  # line 12 is gone, line 13 follows line 11
 

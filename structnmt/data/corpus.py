@@ -17,7 +17,7 @@ import math
 import re
 import zlib
 from collections import Counter, deque
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import zip_longest
 from pathlib import Path
@@ -59,10 +59,12 @@ def _open_bytes(path: Path):
 DROP_HINT = "set data.clean.drop_bad_lines to drop such lines"
 
 
-def iter_raw(path: str | Path, drop_bad_lines: bool = False, hint: str = DROP_HINT) -> Iterator[str | None]:
+def iter_raw(path: str | Path, drop_bad_lines: bool = False, hint: str = DROP_HINT,
+             on_bad: Callable[[DataError], None] | None = None) -> Iterator[str | None]:
     """Lines of a plain or gzip file (detected by its magic bytes, not its name), one at a time.
 
-    None stands for a bad line that ``drop_bad_lines`` dropped; memory stays flat however
+    None stands for a bad line that ``drop_bad_lines`` dropped; ``on_bad`` is given the error it
+    would have raised, so that the caller can say which lines went. Memory stays flat however
     long the file.
     """
     path = Path(path)
@@ -79,23 +81,20 @@ def iter_raw(path: str | Path, drop_bad_lines: bool = False, hint: str = DROP_HI
                 try:
                     text = raw.decode("utf-8", errors="strict")
                 except UnicodeDecodeError as err:
-                    if not drop_bad_lines:
-                        raise DataError(
-                            f"invalid UTF-8 at byte {err.start + 1} of the line ({raw[err.start:err.end]!r})",
-                            path, number,
-                        ) from None
-                    yield None
-                    continue
-                ch = control_character(text)
-                if ch is not None:
-                    if not drop_bad_lines:
-                        raise DataError(
-                            f"control character U+{ord(ch):04X} in the line ({hint})",
-                            path, number,
-                        )
-                    yield None
-                    continue
-                yield text
+                    bad = DataError(f"invalid UTF-8 at byte {err.start + 1} of the line "
+                                    f"({raw[err.start:err.end]!r})", path, number)
+                else:
+                    ch = control_character(text)
+                    if ch is None:
+                        yield text
+                        continue
+                    advice = "" if drop_bad_lines else f" ({hint})"
+                    bad = DataError(f"control character U+{ord(ch):04X} in the line{advice}", path, number)
+                if not drop_bad_lines:
+                    raise bad
+                if on_bad is not None:
+                    on_bad(bad)
+                yield None
     except (OSError, EOFError, gzip.BadGzipFile, zlib.error) as err:
         raise DataError(f"cannot read the file: {err}", path) from None
 
@@ -389,15 +388,17 @@ def _drop_reason(number: int, src: str | None, tgt: str | None, clean: CleanConf
 Pair = tuple[int, str | None, str | None]
 
 
-def iter_pairs(split: SplitFiles, drop_bad_lines: bool = False) -> Iterator[Pair]:
-    """The uncleaned pairs of a split as (1-based line, src, tgt), streamed; None marks a dropped bad line.
+def iter_pairs(split: SplitFiles, drop_bad_lines: bool = False,
+               on_bad: Callable[[DataError], None] | None = None) -> Iterator[Pair]:
+    """The uncleaned pairs of a split as (1-based line, src, tgt), streamed; None marks a dropped
+    bad line (its error goes to ``on_bad``, as in :func:`iter_raw`).
 
     Source and target files are read side by side: where one ends before the other the
     error names both files, both line counts and the line where the shorter one ends.
     """
     if split.tsv is not None:
         number = 0
-        for number, line in enumerate(iter_raw(split.tsv, drop_bad_lines), start=1):
+        for number, line in enumerate(iter_raw(split.tsv, drop_bad_lines, on_bad=on_bad), start=1):
             if line is None:
                 yield number, None, None
                 continue
@@ -411,7 +412,8 @@ def iter_pairs(split: SplitFiles, drop_bad_lines: bool = False) -> Iterator[Pair
             raise DataError("the file is empty", split.tsv)
         return
     assert split.src is not None and split.tgt is not None
-    sources, targets = iter_raw(split.src, drop_bad_lines), iter_raw(split.tgt, drop_bad_lines)
+    sources = iter_raw(split.src, drop_bad_lines, on_bad=on_bad)
+    targets = iter_raw(split.tgt, drop_bad_lines, on_bad=on_bad)
     number = 0
     for number, (src, tgt) in enumerate(zip_longest(sources, targets, fillvalue=_END), start=1):
         if src is _END or tgt is _END:

@@ -125,8 +125,15 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
         watch = RatioWatch() if split == data.train_split else None
         clean = clean_config(data, split)
         long: list[int] = []
+        bad_lines: list[DataError] = []  # the first few, to say which lines drop_bad_lines dropped
+
+        def note_bad(err: DataError, bad_lines: list[DataError] = bad_lines) -> None:
+            if len(bad_lines) <= SHOW_DROPPED:
+                bad_lines.append(err)
+
         with Progress(f"{split}: read and clean", unit="lines", enabled=verbose) as bar:
-            pairs = _aligned(iter_pairs(files, clean.drop_bad_lines), files, split, data.clean.allow_misaligned, say)
+            pairs = _aligned(iter_pairs(files, clean.drop_bad_lines, note_bad), files, split,
+                             data.clean.allow_misaligned, say)
             for number, src, tgt in iter_clean(_ticking(pairs, bar), clean, report, watch):
                 if watch is None and (_words(src) > data.clean.max_len or _words(tgt) > data.clean.max_len):
                     long.append(number)
@@ -134,6 +141,10 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
             _long_line_warning(long, data.clean.max_len, split_path(files))
         if warning:
             say(f"{split}: warning: {warning}")
+        for err in bad_lines[:SHOW_DROPPED]:
+            say(f"{split}: dropped (bad_line) {err}")
+        if report["bad_line"] > SHOW_DROPPED:
+            say(f"{split}: ... and {report['bad_line'] - SHOW_DROPPED} more bad lines dropped")
         splits[split] = {"lines": report["read"], "clean": {k: report[k] for k in (*DROP_REASONS, "read", "kept")}}
     train = splits[data.train_split]["clean"]
     if not train["kept"]:
