@@ -355,7 +355,7 @@ class TrainingConfig:
     weight_decay: float = 0.0
     clip_norm: float = 0.0
     label_smoothing: float = 0.1
-    valid_every: int = 1000  # steps; 0: once per epoch
+    valid_every: int = 1000  # steps; 0: once per epoch, or never where the dataset has no valid_split
     valid_bleu: bool = True
     valid_beam: int = 1  # greedy by default: cheaper during training
     early_stopping: int = 0  # validations without improvement; 0: off

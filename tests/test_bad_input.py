@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -457,7 +458,14 @@ def test_a_method_whose_trees_the_dataset_lacks_is_refused_before_a_run_folder_i
     assert not (tmp_path / "run").exists()
     # and a validation split the dataset lacks names the config too
     message = failing(capsys, "train", str(config), "--set", "model.methods=[]")
-    assert message == f"{config}: data.valid_split: the dataset has no split 'val' to validate on (splits: train)"
+    assert message == (f"{config}: data.valid_split: the dataset has no split 'val' to validate on (splits: train): "
+                       "add it to data.splits and prepare again, or train without validating "
+                       "(training.valid_every: 0 and training.early_stopping: 0)")
+    # as it says: without validating, the default split may be absent
+    code, out, _ = cli(capsys, "train", str(config), "--set", "model.methods=[]", "--set", "training.valid_every=0",
+                       "--set", "training.early_stopping=0", "--set", "training.max_steps=2")
+    assert code == 0 and (tmp_path / "run" / "last.pt").is_file(), out
+    shutil.rmtree(tmp_path / "run")
     from structnmt.data.dataset import ParallelDataset  # a split named elsewhere: the splits there, in the message
 
     with pytest.raises(DataError, match=r"dataset/test: no split 'test' in the dataset \(splits: train\)$"):

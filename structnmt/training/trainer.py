@@ -597,7 +597,9 @@ def train(cfg: ExperimentConfig, resume: bool = False,
         valid_dir = Path(cfg.data.dir) / cfg.data.valid_split
         if not valid_dir.is_dir() and (t.valid_every > 0 or t.early_stopping > 0):
             raise ConfigError(f"the dataset has no split {cfg.data.valid_split!r} to validate on "
-                              f"({splits_here(Path(cfg.data.dir))})", "data.valid_split", cfg.path)
+                              f"({splits_here(Path(cfg.data.dir))}): add it to data.splits and prepare again, "
+                              "or train without validating (training.valid_every: 0 and "
+                              "training.early_stopping: 0)", "data.valid_split", cfg.path)
         valid_set = ParallelDataset(cfg.data.dir, cfg.data.valid_split) if valid_dir.is_dir() else None
         for split in (train_set, valid_set):
             if split is not None:
