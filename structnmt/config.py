@@ -541,10 +541,14 @@ def _refuse_duplicate_keys(node: yaml.Node | None, path: Path, where: str = "") 
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
-    """Deep-merge mappings; lists and scalars of ``over`` replace those of ``base``."""
+    """Deep-merge mappings; lists and scalars of ``over`` replace those of ``base``, and ``null``
+    removes the base's key (a split or section the extending config does not want; a field so
+    removed takes its default, which for every optional field is null anyway)."""
     out = dict(base)
     for key, value in over.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _merge(out[key], value)
         else:
             out[key] = value
@@ -554,7 +558,8 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> ExperimentConfig:
     """Read and validate a YAML config.
 
-    A config may extend another with ``base: other.yaml``; ``overrides`` are dotted keys
+    A config may extend another with ``base: other.yaml`` (its mappings merged key by key,
+    ``key: null`` removing one of the base's); ``overrides`` are dotted keys
     (``training.max_steps``) set after loading. Relative paths inside are taken from the
     directory the command runs in (the recipes assume the project's root).
 

@@ -180,6 +180,24 @@ BAD_BYTES = {
 }
 
 
+def test_a_missing_input_is_named_by_its_field_before_any_folder_is_made(
+        tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = experiment(tmp_path, data={"splits": {"train": {"src": "train.en", "tgt": "train.de"}},
+                                        "dir": "data/ds"})
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # relative paths are read from here, not from the config's folder
+    message = failing(capsys, "prepare", str(config))
+    assert message == (f"{config}: data.splits.train.src: train.en: file not found (looked for in the current "
+                       f"folder, {elsewhere})")
+    assert list(elsewhere.iterdir()) == []  # not even data/
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.conllu").unlink()
+    assert failing(capsys, "prepare", str(config)) == \
+        f"{config}: data.src.parser.conllu.train: {tmp_path / 'train.conllu'}: file not found"
+    assert not (tmp_path / "data").exists()
+
+
 @pytest.mark.parametrize("case", sorted(BAD_BYTES))
 def test_undecodable_or_control_line_is_refused_with_file_and_line(
         case: str, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

@@ -38,6 +38,19 @@ def test_base_configs_are_merged(tmp_path):
     assert (cfg.model.d_model, cfg.model.n_heads, cfg.training.lr) == (64, 2, 0.01)
 
 
+def test_null_in_an_extending_config_removes_the_base_s_key(tmp_path):
+    """A recipe adapted to one's own data must be able to drop the recipe's test sets."""
+    (tmp_path / "base.yaml").write_text(
+        "data:\n  dir: ds\n  src: {lang: en}\n  tgt: {lang: de}\n  splits:\n    train: {src: a.en, tgt: a.de}\n    test_2016: {src: t.en, tgt: t.de}\n"
+        "training:\n  lr: 0.01\n")
+    (tmp_path / "child.yaml").write_text(
+        "base: base.yaml\ndata:\n  splits:\n    train: {src: mine.en, tgt: mine.de}\n    test_2016: null\n"
+        "    test: {src: mt.en, tgt: mt.de}\ntraining:\n  lr: null\n")
+    cfg = load_config(tmp_path / "child.yaml")
+    assert sorted(cfg.data.splits) == ["test", "train"] and cfg.data.splits["train"].src == "mine.en"
+    assert cfg.training.lr == type(cfg.training)().lr  # a removed field is back at its default
+
+
 def test_invalid_yaml_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="config file not found"):
         load_config(tmp_path / "nope.yaml")

@@ -36,7 +36,7 @@ from pathlib import Path
 
 from structnmt.config import DataConfig, ExperimentConfig, from_dict
 from structnmt.data.dataset import read_meta
-from structnmt.data.identity import StaleDatasetError, check_unchanged
+from structnmt.data.identity import StaleDatasetError, check_unchanged, input_files
 from structnmt.data.parsing.cache import pinned_to
 from structnmt.data.pipeline import SIDES
 from structnmt.data.stream import assemble, encode_shard, make_plan, task_tag
@@ -61,7 +61,22 @@ def _data(cfg: ExperimentConfig) -> DataConfig:
     if cfg.data is None:
         raise ConfigError("the config has no data section", "data")
     _check(cfg.data)
+    _check_inputs_exist(cfg)
     return cfg.data
+
+
+def _check_inputs_exist(cfg: ExperimentConfig) -> None:
+    """Where no dataset is built yet, every input file the config names is here before a folder is
+    made: a missing one is named with its field, and a relative path with the folder it was looked
+    for in (the current one, not the config's). A built dataset may have come without its inputs
+    (``_keep_existing`` says so)."""
+    assert cfg.data is not None
+    if (Path(cfg.data.dir) / "meta.json").exists():
+        return
+    for role, path in input_files(cfg.data).items():
+        if not Path(path).exists():
+            where = "" if Path(path).is_absolute() else f" (looked for in the current folder, {Path.cwd()})"
+            raise ConfigError(f"{path}: file not found{where}", f"data.{role}", cfg.path)
 
 
 def _named(cfg: ExperimentConfig, run):
