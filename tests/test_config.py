@@ -41,7 +41,8 @@ def test_base_configs_are_merged(tmp_path):
 def test_null_in_an_extending_config_removes_the_base_s_key(tmp_path):
     """A recipe adapted to one's own data must be able to drop the recipe's test sets."""
     (tmp_path / "base.yaml").write_text(
-        "data:\n  dir: ds\n  src: {lang: en}\n  tgt: {lang: de}\n  splits:\n    train: {src: a.en, tgt: a.de}\n    test_2016: {src: t.en, tgt: t.de}\n"
+        "data:\n  dir: ds\n  src: {lang: en}\n  tgt: {lang: de}\n"
+        "  splits:\n    train: {src: a.en, tgt: a.de}\n    test_2016: {src: t.en, tgt: t.de}\n"
         "training:\n  lr: 0.01\n")
     (tmp_path / "child.yaml").write_text(
         "base: base.yaml\ndata:\n  splits:\n    train: {src: mine.en, tgt: mine.de}\n    test_2016: null\n"
