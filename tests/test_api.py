@@ -397,6 +397,11 @@ def test_each_cli_error_is_the_api_exception(case: str, here: Path, tmp_path: Pa
     # the same message, naming the option where the API names its argument (--beam: / beam:)
     assert re.sub(r"^error: --([a-z-]+): ", lambda m: f"error: {m[1].replace('-', '_')}: ", lines[0]) == \
         f"error: {raised.value}"
+    # and where the API names an argument the user gave on the command line as an option, the
+    # command line names that option (`--layer: ...`, not `layer: ...`)
+    first = re.match(r"([a-z_]+): ", str(raised.value))
+    if first and f"--{first[1].replace('_', '-')}" in argv:
+        assert lines[0].startswith(f"error: --{first[1].replace('_', '-')}: "), lines[0]
     assert not (tmp_path / "avg.pt").exists() and not (tmp_path / "a.png").exists()
 
 

@@ -32,7 +32,7 @@ from structnmt.errors import CheckpointError, ConfigError, DataError
 from structnmt.model.transformer import Transformer
 
 
-def resolve_device(spec: str | torch.device | None, where: str = "device") -> torch.device:
+def resolve_device(spec: str | torch.device | None, where: str = "--device") -> torch.device:
     """``None`` or ``"auto"``: the GPU when there is one, else the CPU; otherwise the device named."""
     if isinstance(spec, torch.device):
         return spec

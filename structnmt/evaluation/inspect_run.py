@@ -154,7 +154,7 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
         }
     elif what == "heads":
         if side != "src":
-            raise ConfigError("heads reads the encoder's self-attention: the side is src", "side")
+            raise ConfigError("heads reads the encoder's self-attention: the side is src", "--side")
         golds = [data.side_arrays(i, "src")["heads"].tolist() for i in range(n)] if data.has("src", "heads") else None
         if golds is None:
             raise DataError("the split has no source trees to score heads against (prepare it with a parser)",
@@ -216,7 +216,7 @@ def inspect_run(run: str | Path, what: str, checkpoint: str | Path | None = None
     stack = "decoder" if what == "align" or side == "tgt" else "encoder"
     depth = model.cfg.dec_layers if stack == "decoder" else model.cfg.enc_layers
     if layer is not None and not 1 <= layer <= depth:
-        raise ConfigError(f"{layer} is outside the {stack}'s layers 1..{depth}", "layer")
+        raise ConfigError(f"{layer} is outside the {stack}'s layers 1..{depth}", "--layer")
     layer0 = None if layer is None else layer - 1
     if what == "trees" and conllu is not None:
         from structnmt.evaluation.inspect_gold import inspect_trees_gold

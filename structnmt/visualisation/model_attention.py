@@ -46,11 +46,11 @@ def plot_model_attention(translator: Translator, out: str | Path, sentence: str 
     model, pre = translator.model, translator.preprocessor
     depth = model.cfg.enc_layers if attention == "encoder" else model.cfg.dec_layers
     if not 1 <= layer <= depth:
-        raise ConfigError(f"layer {layer} is outside 1..{depth}", "layer")
+        raise ConfigError(f"layer {layer} is outside 1..{depth}", "--layer")
     if not 0 <= head < model.cfg.n_heads:
-        raise ConfigError(f"head {head} is outside 0..{model.cfg.n_heads - 1}", "head")
+        raise ConfigError(f"head {head} is outside 0..{model.cfg.n_heads - 1}", "--head")
     if (sentence is None) == (line is None):
-        raise ConfigError("give a sentence or a line of a prepared split (one of them)", "sentence")
+        raise ConfigError("give a sentence or a line of a prepared split (one of them)", "--sentence")
     fields = model.structure_needs(inference=True)
     fields = {"src": fields["src"] | {"word_index"}, "tgt": set()}
     heads = word_index = scene_members = None
@@ -58,7 +58,7 @@ def plot_model_attention(translator: Translator, out: str | Path, sentence: str 
         parser_ok = pre.side_cfg("src").parser.backend not in ("none", "conllu")
         if fields["src"] - {"word_index"} and not parser_ok:
             raise ConfigError("this model needs source trees and the dataset's parser cannot parse new text; "
-                              "draw a line of a prepared split instead", "sentence")
+                              "draw a line of a prepared split instead", "--sentence")
         example = pre.encode_sources([sentence], with_structure=parser_ok, path="<sentence>")[0]
         if example.src.word_index is None:
             fields["src"].discard("word_index")
