@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import math
 import re
 import types
@@ -113,7 +114,12 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
     unknown = sorted(set(data) - set(known))
     if unknown:
         name = f"{where}.{unknown[0]}" if where else unknown[0]
-        raise ConfigError(f"unknown field (known fields: {', '.join(sorted(known))})", name)
+        listed = sorted(n for n, f in known.items() if not f.metadata.get("internal"))
+        if cls is ExperimentConfig:
+            listed = sorted([*listed, "base"])  # read (and removed) by the YAML loader
+        close = difflib.get_close_matches(unknown[0], listed, n=1)
+        guess = f"did you mean {close[0]!r}? " if close else ""
+        raise ConfigError(f"unknown field ({guess}known fields: {', '.join(listed)})", name)
     kwargs = {}
     for name, value in data.items():
         path = f"{where}.{name}" if where else name
@@ -454,7 +460,8 @@ class ExperimentConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     training: TrainingConfig = field(default_factory=TrainingConfig)
     decoding: DecodingConfig = field(default_factory=DecodingConfig)
-    path: str | None = field(default=None, repr=False)  # set by load_config: where it came from
+    # set by load_config: where it came from (not a field a user writes)
+    path: str | None = field(default=None, repr=False, metadata={"internal": True})
 
 
 class YamlLoader(yaml.SafeLoader):

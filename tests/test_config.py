@@ -12,7 +12,16 @@ from structnmt.errors import ConfigError
 def test_unknown_field_is_named(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("model:\n  d_modle: 256\n")
-    with pytest.raises(ConfigError, match=r"c\.yaml: model\.d_modle: unknown field"):
+    with pytest.raises(ConfigError, match=r"c\.yaml: model\.d_modle: unknown field \(did you mean 'd_model'\? "):
+        load_config(path)
+    # the top level lists what a user writes there: base, not the loader's own path
+    path.write_text("modle: {}\n")
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == (f"{path}: modle: unknown field (did you mean 'model'? known fields: base, data, "
+                                 "decoding, model, training)")
+    path.write_text("training: {zzz: 1}\n")  # nothing close: no guess
+    with pytest.raises(ConfigError, match=r"training\.zzz: unknown field \(known fields: "):
         load_config(path)
 
 
