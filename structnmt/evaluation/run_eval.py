@@ -28,9 +28,16 @@ def run_checkpoint(run_dir: Path, checkpoint: str | Path | None = None) -> Path:
         if not path.exists():
             raise CheckpointError(f"{path}: no such checkpoint")
         return path
+    _check_run_dir(run_dir)
+    return run_dir / "best.pt" if (run_dir / "best.pt").exists() else run_dir / "last.pt"
+
+
+def _check_run_dir(run_dir: Path) -> None:
+    if run_dir.is_file():  # `test runs/x/best.pt`: the run is the folder, the checkpoint an option
+        raise DataError(f"is a file, not a run folder: give the run's folder ({run_dir.parent}) and, for this "
+                        "checkpoint, --checkpoint", run_dir)
     if not run_dir.is_dir():
         raise DataError("no such run directory", run_dir)
-    return run_dir / "best.pt" if (run_dir / "best.pt").exists() else run_dir / "last.pt"
 
 
 def _write_set(out: Path, name: str, hyps: list[str], refs: list[str], sources: list[str],
@@ -57,8 +64,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
     from structnmt.evaluation.scores import corpus_scores
 
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise DataError("no such run directory", run_dir)
+    _check_run_dir(run_dir)
     ckpt = run_checkpoint(run_dir, checkpoint)
     translator = load_translator(ckpt, device)
     cfg = translator.config
