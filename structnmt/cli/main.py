@@ -22,6 +22,7 @@ from structnmt.arguments import command_line
 from structnmt.config import parse_overrides
 from structnmt.errors import ConfigError, DataError, StructNMTError
 from structnmt.parsers.ud_train import PARSER_PRESETS
+from structnmt.wording import counted
 
 # ---------------------------------------------------------------------------
 # prepare / train
@@ -135,8 +136,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
             raise output_error(args.output, err) from None
     else:
         sys.stdout.write(text)
-    print(f"translated {len(lines)} sentences in {seconds:.1f}s ({len(lines) / max(seconds, 1e-9):.1f} sent/s)",
-          file=sys.stderr)
+    rate = len(lines) / max(seconds, 1e-9)
+    print(f"translated {counted(len(lines), 'sentence')} in {seconds:.1f}s ({rate:.1f} sent/s)", file=sys.stderr)
     return 0
 
 

@@ -43,6 +43,7 @@ from structnmt.data.progress import Progress
 from structnmt.data.tokenisation import SubwordModel, train_sentencepiece
 from structnmt.errors import DataError
 from structnmt.io import atomic_write_text
+from structnmt.wording import counted
 
 #: cleaned pairs tokenised, parsed and encoded at a time (bounds the memory of a shard)
 CHUNK = 4000
@@ -217,8 +218,10 @@ def _long_line_warning(lines: list[int], max_len: int, path: str) -> str | None:
     if not lines:
         return None
     shown = ", ".join(map(str, lines[:10])) + (f" and {len(lines) - 10} more" if len(lines) > 10 else "")
-    return (f"{len(lines)} pairs longer than data.clean.max_len ({max_len} words) are kept (evaluation splits "
-            f"are never filtered): lines {shown} of {path}; the model's own limit (model.max_positions sub-words) "
+    where = f"line {shown}" if len(lines) == 1 else f"lines {shown}"
+    return (f"{counted(len(lines), 'pair')} longer than data.clean.max_len ({max_len} words) "
+            f"{'is' if len(lines) == 1 else 'are'} kept (evaluation splits are never filtered): {where} of {path}; "
+            "the model's own limit (model.max_positions sub-words) "
             "is not known here and is checked when translating")
 
 

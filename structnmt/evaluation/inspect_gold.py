@@ -40,6 +40,7 @@ from structnmt.evaluation.inspect import _readable, cross_attention_alignments, 
 from structnmt.evaluation.scores import read_text
 from structnmt.evaluation.trees import corpus_uas, left_branching_heads, right_branching_heads
 from structnmt.io import atomic_write_text
+from structnmt.wording import counted
 
 
 def _gold_text(block: str, moses: bool) -> str:
@@ -467,7 +468,8 @@ def inspect_align_gold(translator: Translator, src: str | Path, tgt: str | Path,
         n_words.append((n_src, n_tgt))
     links = read_alignments(str(gold), gold_format, n_words)
     if len(links) != len(sources):
-        raise DataError(f"{len(links)} lines of gold alignments for {len(sources)} sentences", gold)
+        raise DataError(f"{counted(len(links), 'line')} of gold alignments for {counted(len(sources), 'sentence')}",
+                        gold)
     if not any(sure or possible for sure, possible in links):
         raise DataError("no gold link on any line: AER would be 0.0 whatever the model does", gold)
     fields = {"src": translator.source_fields()["src"], "tgt": set()}
