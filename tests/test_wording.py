@@ -16,3 +16,12 @@ def test_one_long_evaluation_line_is_one_pair() -> None:
     assert "line 10 of test.en" in one
     two = _long_line_warning([3, 10], 8, "test.en")
     assert two is not None and two.startswith("2 pairs longer") and "are kept" in two and "lines 3, 10 of" in two
+
+
+def test_a_validation_line_gives_bleu_in_points(tmp_path, capsys) -> None:
+    from structnmt.training.logger import RunLogger
+
+    logger = RunLogger(tmp_path, tensorboard=False, progress=False)
+    logger.log("valid", {"step": 40, "nll": 5.123456, "bleu": 3.444e-68, "best": 12.3456})
+    logger.close()
+    assert capsys.readouterr().err.strip() == "step=40 nll=5.123 bleu=0.00 best=12.35"

@@ -77,7 +77,9 @@ class RunLogger:
                 self.message(f"warning: {warning}")
         if kind == "valid":
             self._stall.restart()  # a validation is a pause, not a slow stretch
-            self.message(" ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+            # BLEU in points with two decimals (sacreBLEU's own), never 3.444e-68 from an early model
+            self.message(" ".join(f"{k}={v:.2f}" if isinstance(v, float) and k in ("bleu", "best") else
+                                  f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                   for k, v in record.items()))
 
     def progress(self, steps: int = 1, **postfix: float) -> None:
