@@ -180,6 +180,17 @@ BAD_BYTES = {
 }
 
 
+def test_the_same_file_on_both_sides_is_warned_of(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """A copy-paste slip (src: train.en, tgt: train.en) prepares a copying task: say so."""
+    config = experiment(tmp_path, data={"splits": {"train": {"src": str(tmp_path / "train.en"),
+                                                             "tgt": str(tmp_path / "train.en")}},
+                                        "tgt": {"lang": "en"}})
+    code, out, _ = cli(capsys, "prepare", str(config))
+    assert code == 0
+    assert (f"train: warning: data.splits.train: src and tgt are the same file ({tmp_path / 'train.en'}): the model "
+            "will learn to copy") in out
+
+
 def test_a_missing_input_is_named_by_its_field_before_any_folder_is_made(
         tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     config = experiment(tmp_path, data={"splits": {"train": {"src": "train.en", "tgt": "train.de"}},

@@ -42,7 +42,7 @@ from structnmt.data.pipeline import PARSE_TAG, SIDES, TRANSLATE_TAG, Preprocesso
 from structnmt.data.progress import Progress
 from structnmt.data.tokenisation import SubwordModel, train_sentencepiece
 from structnmt.errors import DataError
-from structnmt.io import atomic_write_text
+from structnmt.io import atomic_write_text, same_file
 from structnmt.wording import counted
 
 #: cleaned pairs tokenised, parsed and encoded at a time (bounds the memory of a shard)
@@ -122,6 +122,9 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
     inputs = fingerprint_inputs(data)  # before reading: what we read is what we record
     splits: dict[str, dict] = {}
     for split, files in data.splits.items():
+        if files.src is not None and files.tgt is not None and same_file(files.src, files.tgt):
+            say(f"{split}: warning: data.splits.{split}: src and tgt are the same file ({files.src}): the model "
+                "will learn to copy")
         report: Counter[str] = Counter()
         watch = RatioWatch() if split == data.train_split else None
         clean = clean_config(data, split)
