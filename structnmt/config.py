@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import json
 import math
 import re
 import types
@@ -136,6 +137,23 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
     if check is not None:
         check(where)
     return obj
+
+
+def _flatten(node: Any, prefix: str) -> dict[str, Any]:
+    if isinstance(node, dict):
+        out: dict[str, Any] = {}
+        for key, value in node.items():
+            out.update(_flatten(value, f"{prefix}.{key}"))
+        return out
+    return {prefix: node}
+
+
+def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str,
+                       ignore: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
+    """(field, a's value, b's value) for each leaf field that differs, e.g. ("model.d_model", 256, 512)."""
+    fa, fb = _flatten(json.loads(json.dumps(a)), prefix), _flatten(json.loads(json.dumps(b)), prefix)
+    return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))
+            if fa.get(k) != fb.get(k) and k not in ignore]
 
 
 def to_dict(obj: Any) -> Any:

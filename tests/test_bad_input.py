@@ -180,6 +180,18 @@ BAD_BYTES = {
 }
 
 
+def test_a_parser_that_is_not_here_is_named_before_the_sub_word_model(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    pytest.importorskip("spacy", reason="the parsers extra is not installed")
+    config = experiment(tmp_path, data={"src": {"lang": "en", "parser": {"backend": "spacy",
+                                                                       "model": str(tmp_path / "none")}}})
+    code, out, err = cli(capsys, "prepare", str(config))
+    assert code == 2 and "sub-word" not in out, out
+    assert err.strip() == (f"error: {config}: data.src.parser.model: no spaCy model directory at "
+                           f"'{tmp_path / 'none'}' (train it, e.g. `structnmt parser train --preset en_ud`)")
+    assert_no_dataset(tmp_path)
+
+
 def test_the_same_file_on_both_sides_is_warned_of(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """A copy-paste slip (src: train.en, tgt: train.en) prepares a copying task: say so."""
     config = experiment(tmp_path, data={"splits": {"train": {"src": str(tmp_path / "train.en"),

@@ -386,3 +386,13 @@ def test_long_lines_of_an_evaluation_split_are_named(tmp_path: Path, capsys: pyt
             f"never filtered): lines 2, 4 of {tmp_path / 'val.en'}; the model's own limit "
             "(model.max_positions sub-words) is not known here") in out
     assert json.loads((tmp_path / "dataset" / "meta.json").read_text())["splits"]["val"]["n"] == 4
+
+
+def test_a_dataset_of_another_config_is_refused_naming_what_differs(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture) -> None:
+    src, tgt, _ = corpus()
+    config = plain_experiment(tmp_path, src, tgt)
+    assert cli(capsys, "prepare", str(config))[0] == 0
+    message = failing(capsys, "prepare", str(config), "--set", "data.subwords.vocab_size=30")
+    assert message == (f"{config}: data.dir: {tmp_path / 'dataset'} holds a dataset prepared from a different "
+                       "config (data.subwords.vocab_size: 30 asked, 60 in the dataset); use --force to replace it")

@@ -34,13 +34,13 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from structnmt.config import DataConfig, ExperimentConfig, from_dict
+from structnmt.config import DataConfig, ExperimentConfig, config_differences, from_dict
 from structnmt.data.dataset import read_meta
 from structnmt.data.identity import StaleDatasetError, check_unchanged, input_files
 from structnmt.data.parsing.cache import pinned_to
 from structnmt.data.pipeline import SIDES
 from structnmt.data.stream import assemble, encode_shard, make_plan, task_tag
-from structnmt.errors import ConfigError, StructNMTError
+from structnmt.errors import ConfigError, ParserError, StructNMTError
 from structnmt.io import atomic_write_text, make_temp_dir, replace_dir
 from structnmt.locks import DirectoryLock
 
@@ -90,6 +90,10 @@ def _named(cfg: ExperimentConfig, run):
         named = ConfigError(str(err), path=cfg.path)
         named.field = err.field
         raise named from None
+    except ParserError as err:  # a parser model missing: its message names the field
+        if cfg.path is None or str(err).startswith(f"{cfg.path}: "):
+            raise
+        raise ParserError(f"{cfg.path}: {err}") from None
 
 
 def _messages(verbose: bool):
@@ -190,6 +194,18 @@ def _build_and_swap(out: Path, data: DataConfig, verbose: bool, build) -> Path:
     return out
 
 
+def _differences(recorded: dict | None, data: DataConfig) -> str:
+    """The first fields in which a dataset's recorded data config differs from ``data``, in words."""
+    try:
+        old = asdict(from_dict(DataConfig, recorded, "data"))
+    except ConfigError:
+        return ""
+    differ = config_differences(old, asdict(data), "data")
+    shown = "; ".join(f"{k}: {b!r} asked, {a!r} in the dataset" for k, a, b in differ[:3])
+    more = f" (+{len(differ) - 3} more)" if len(differ) > 3 else ""
+    return f" ({shown}{more})" if shown else ""
+
+
 def same_config(recorded: dict | None, data: DataConfig) -> bool:
     """Whether a dataset's recorded data config is ``data`` (fields added since take their defaults)."""
     if not isinstance(recorded, dict):
@@ -215,8 +231,8 @@ def _keep_existing(out: Path, data: DataConfig, force: bool, verbose: bool) -> b
         raise StaleDatasetError(f"{out} was prepared by an older structnmt that recorded no input fingerprints; "
                                 "rerun with --force to rebuild it")
     if not same_config(old.get("data"), data):
-        raise ConfigError(f"{out} holds a dataset prepared from a different config; "
-                          "use --force to replace it", "data.dir")
+        raise ConfigError(f"{out} holds a dataset prepared from a different config"
+                          f"{_differences(old.get('data'), data)}; use --force to replace it", "data.dir")
     absent = check_unchanged(old["inputs"], data, pinned_to(cache_dir_of(data)))
     if verbose and absent:
         more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""

@@ -120,6 +120,10 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
             raise DataError("not a regular file: prepare reads its inputs more than once (and fingerprints "
                             "them); save it to a file first", path)
     inputs = fingerprint_inputs(data)  # before reading: what we read is what we record
+    pre = Preprocessor(data, {}, cache_dir=cache_dir, task_tag=task_tag(data))
+    for side in SIDES:  # a parser that is not installed is found now, not after the sub-word model
+        if pre.side_cfg(side).parser.backend in ("spacy", "stanza", "udpipe"):
+            pre.parser(side, data.train_split)
     splits: dict[str, dict] = {}
     for split, files in data.splits.items():
         if files.src is not None and files.tgt is not None and same_file(files.src, files.tgt):
@@ -163,7 +167,6 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
     seconds["read_clean"] = time.perf_counter() - clock
 
     clock = time.perf_counter()
-    pre = Preprocessor(data, {}, cache_dir=cache_dir, task_tag=task_tag(data))
     _check_parse_counts(data, pre, splits, say)
     sample_dir = work / "sample"
     files, sampled = _write_sample(data, pre, train["kept"], sample_dir, verbose)

@@ -21,10 +21,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from structnmt.config import ExperimentConfig, to_dict
+from structnmt.config import ExperimentConfig, config_differences, to_dict
 from structnmt.errors import CheckpointError, ConfigError
 from structnmt.training.checkpoint import newest_good_checkpoint, save_checkpoint
-from structnmt.training.checks import config_differences
 
 
 def weights_finite(model: nn.Module) -> bool:

@@ -16,26 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from structnmt.config import ExperimentConfig
+from structnmt.config import ExperimentConfig, config_differences
 from structnmt.errors import ConfigError, DataError
-
-
-def _flatten(node: Any, prefix: str) -> dict[str, Any]:
-    if isinstance(node, dict):
-        out: dict[str, Any] = {}
-        for key, value in node.items():
-            out.update(_flatten(value, f"{prefix}.{key}"))
-        return out
-    return {prefix: node}
-
-
-def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str,
-                       ignore: tuple[str, ...] = ()) -> list[tuple[str, Any, Any]]:
-    """(field, a's value, b's value) for each leaf field that differs, e.g. ("model.d_model", 256, 512)."""
-    fa, fb = _flatten(json.loads(json.dumps(a)), prefix), _flatten(json.loads(json.dumps(b)), prefix)
-    return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))
-            if fa.get(k) != fb.get(k) and k not in ignore]
-
 
 #: data fields that do not change what a prepared dataset holds
 DATA_FIELDS_WITHOUT_EFFECT = ("data.processes", "data.cache_dir", "data.dir", "data.clean.allow_misaligned")
