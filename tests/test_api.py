@@ -371,6 +371,10 @@ ERROR_CASES: dict[str, tuple[Callable[[Path], tuple[Callable[[], object], list[s
         lambda t: (lambda: structnmt.plot_attention(CHECKPOINT, t / "a.png", line=99),
                    ["plot", "attention", "--checkpoint", CHECKPOINT, "--line", "99", "--out", str(t / "a.png")]),
         DataError, "line 99 is outside 1..12"),
+    "attention_of_an_empty_sentence": (
+        lambda t: (lambda: structnmt.plot_attention(CHECKPOINT, t / "a.png", sentence="  "),
+                   ["plot", "attention", "--checkpoint", CHECKPOINT, "--sentence", "  ", "--out", str(t / "a.png")]),
+        ConfigError, "sentence: the sentence is empty: there is no attention to draw"),
     "attention_layer_outside_the_model": (
         lambda t: (lambda: structnmt.plot_attention(CHECKPOINT, t / "a.png", line=1, layer=7),
                    ["plot", "attention", "--checkpoint", CHECKPOINT, "--line", "1", "--layer", "7",

@@ -25,6 +25,8 @@ def model(methods):
 def test_syncattn_refuses_mixed_conventions(tmp_path):
     with pytest.raises(ConfigError, match=r"data\.src\.parser: .*ud trees on the source side and clearnlp"):
         check_conventions(model([{"name": "syncattn"}]), dataset(tmp_path, "ud", "clearnlp"))
+    with pytest.raises(ConfigError, match=r"^c\.yaml: data\.src\.parser: the model's methods read trees on both sides"):
+        check_conventions(model([{"name": "syncattn"}]), dataset(tmp_path, "ud", "clearnlp"), "c.yaml")
 
 
 def test_same_convention_or_one_sided_methods_pass(tmp_path):

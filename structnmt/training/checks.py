@@ -66,7 +66,7 @@ def check_shared_embeddings(cfg: ExperimentConfig, dataset_dir: Path) -> None:
     meta = json.loads(meta_file.read_text(encoding="utf-8")) if meta_file.is_file() else {}
     if cfg.model.share_embeddings and meta.get("joint_vocab") is False:
         raise ConfigError("the dataset has separate source and target vocabularies; set share_embeddings: false "
-                          "(or prepare with data.subwords.joint: true)", "model.share_embeddings")
+                          "(or prepare with data.subwords.joint: true)", "model.share_embeddings", cfg.path)
 
 
 def check_lengths(data: Any, max_positions: int) -> None:
@@ -118,7 +118,7 @@ def check_fields_stored(cfg: ExperimentConfig, model: Any, data: Any) -> None:
                                   f"with {source.format(side)} set", f"model.methods[{i}]", cfg.path)
 
 
-def check_conventions(model: Any, dataset_dir: Path) -> None:
+def check_conventions(model: Any, dataset_dir: Path, path: str | None = None) -> None:
     """Refuse to synchronise trees of two annotation conventions (SyncAttn, both-side DBSA).
 
     A method that reads trees on both sides compares them; a ClearNLP-style English tree and
@@ -134,6 +134,6 @@ def check_conventions(model: Any, dataset_dir: Path) -> None:
     conventions = {side: (parsers.get(side) or {}).get("convention") for side in ("src", "tgt")}
     if conventions["src"] != conventions["tgt"]:
         raise ConfigError(
-            f"the methods compare source and target trees, but {dataset_dir} has {conventions['src']} trees "
-            f"on the source side and {conventions['tgt']} trees on the target side; parse both sides with "
-            "parsers of one convention (UD: `structnmt parser train`)", "data.src.parser")
+            f"the model's methods read trees on both sides as trees of one kind, but {dataset_dir} has "
+            f"{conventions['src']} trees on the source side and {conventions['tgt']} trees on the target side; "
+            "parse both sides with parsers of one convention (UD: `structnmt parser train`)", "data.src.parser", path)

@@ -589,7 +589,7 @@ def train(cfg: ExperimentConfig, resume: bool = False,
         check_inputs_unchanged(cfg, Path(cfg.data.dir))
         check_shared_embeddings(cfg, Path(cfg.data.dir))
         model = Transformer(cfg.model, src_vocab, tgt_vocab)
-        check_conventions(model, Path(cfg.data.dir))
+        check_conventions(model, Path(cfg.data.dir), cfg.path)
         check_methods_against_dataset(model, Path(cfg.data.dir))
         warn_weak_german_trees(model, cfg)
         train_set = ParallelDataset(cfg.data.dir, cfg.data.train_split)

@@ -51,6 +51,8 @@ def plot_model_attention(translator: Translator, out: str | Path, sentence: str 
         raise ConfigError(f"head {head} is outside 0..{model.cfg.n_heads - 1}", "--head")
     if (sentence is None) == (line is None):
         raise ConfigError("give a sentence or a line of a prepared split (one of them)", "--sentence")
+    if sentence is not None and not sentence.strip():
+        raise ConfigError("the sentence is empty: there is no attention to draw", "--sentence")
     fields = model.structure_needs(inference=True)
     fields = {"src": fields["src"] | {"word_index"}, "tgt": set()}
     heads = word_index = scene_members = None
