@@ -116,7 +116,7 @@ def from_dict(cls: type, data: Any, where: str = "") -> Any:
     if unknown:
         name = f"{where}.{unknown[0]}" if where else unknown[0]
         listed = sorted(n for n, f in known.items() if not f.metadata.get("internal"))
-        if cls is ExperimentConfig:
+        if cls is ExperimentConfig and unknown[0] != "base":
             listed = sorted([*listed, "base"])  # read (and removed) by the YAML loader
         close = difflib.get_close_matches(unknown[0], listed, n=1)
         guess = f"did you mean {close[0]!r}? " if close else ""
@@ -154,6 +154,17 @@ def config_differences(a: dict[str, Any], b: dict[str, Any], prefix: str,
     fa, fb = _flatten(json.loads(json.dumps(a)), prefix), _flatten(json.loads(json.dumps(b)), prefix)
     return [(k, fa.get(k), fb.get(k)) for k in sorted(set(fa) | set(fb))
             if fa.get(k) != fb.get(k) and k not in ignore]
+
+
+#: data fields that do not change what a prepared dataset holds
+DATA_FIELDS_WITHOUT_EFFECT = ("data.processes", "data.cache_dir", "data.dir", "data.clean.allow_misaligned")
+
+
+def dataset_differences(differ: list[tuple[str, Any, Any]]) -> str:
+    """``config_differences(recorded, asked)`` in words, the first three: what a dataset was
+    prepared with against what a config asks for."""
+    shown = "; ".join(f"{k}: {b!r} asked, {a!r} in the dataset" for k, a, b in differ[:3])
+    return shown + (f" (+{len(differ) - 3} more)" if len(differ) > 3 else "")
 
 
 def to_dict(obj: Any) -> Any:
@@ -630,6 +641,9 @@ def set_dotted(raw: dict[str, Any], key: str, value: Any) -> None:
     parts = re.sub(r"\[(\d+)\]", r".\1", key).split(".")
     if not all(parts):
         raise ConfigError("not a dotted field name (like training.lr or model.methods.0.heads)", key)
+    if parts[0] in ("base", "path"):  # neither is a field of the config: both belong to its file
+        raise ConfigError("not a field to set: a config's base is written at the top of its YAML file, and its "
+                          "path is where it was read from", key)
     node: Any = raw
     for i, part in enumerate(parts):
         where = ".".join(parts[:i]) or key

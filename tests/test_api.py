@@ -332,7 +332,8 @@ ERROR_CASES: dict[str, tuple[Callable[[Path], tuple[Callable[[], object], list[s
                          DataError, "no_run: no such run directory"),
     "a_checkpoint_for_the_run": (lambda t: (lambda: structnmt.test(CHECKPOINT), ["test", CHECKPOINT]),
                                  DataError, f"{CHECKPOINT}: is a file, not a run folder: give the run's folder "
-                                            "(demo/run) and, for this checkpoint, --checkpoint"),
+                                            "(demo/run), and this file as its checkpoint (--checkpoint; "
+                                            "checkpoint= in Python)"),
     "no_checkpoint": (lambda t: (lambda: structnmt.test("demo/run", checkpoint="demo/run/nope.pt"),
                                  ["test", "demo/run", "--checkpoint", "demo/run/nope.pt"]),
                       CheckpointError, "demo/run/nope.pt: no such checkpoint"),

@@ -250,6 +250,23 @@ def test_undecodable_or_control_line_is_dropped_on_request(
     assert len(ds) == 29 and ds.raw("tgt")[11] == tgt[12]  # line 12 is gone, line 13 follows line 11
 
 
+def test_bad_lines_dropped_are_named_once_a_pair_and_the_rest_counted(
+        tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    src, tgt, _ = corpus()
+    source, target = [line.encode() for line in src], [line.encode() for line in tgt]
+    source[1] = target[1] = b"bad \xff"  # line 2: bad on both sides, one pair
+    for i in (4, 6, 8, 10, 12, 14):
+        source[i] = b"bad \x07"
+    config = experiment(tmp_path, src=b"\n".join(source) + b"\n", tgt=b"\n".join(target) + b"\n",
+                        data={"clean": {"drop_bad_lines": True}})
+    code, out, _ = cli(capsys, "prepare", str(config))
+    assert code == 0
+    named = [line for line in out.splitlines() if line.startswith("train: dropped (bad_line) ")]
+    assert [line.split(": ")[1].rsplit(":", 1)[1] for line in named] == ["2", "5", "7", "9", "11"]
+    assert "train: ... and 2 more bad lines dropped" in out
+    assert "dropped {'bad_line': 7}" in out
+
+
 def test_lines_far_over_the_length_limit_are_dropped_and_counted(
         tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     src, tgt, blocks = corpus()

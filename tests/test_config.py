@@ -127,3 +127,14 @@ def test_an_nbest_wider_than_the_beam_names_both() -> None:
 
     with pytest.raises(ConfigError, match=r"^decoding\.nbest: must be between 1 and the beam size \(2\), got 3$"):
         DecodingConfig(beam=2, nbest=3).validate("decoding")
+
+
+def test_base_and_path_are_not_fields_to_set(tmp_path):
+    """--set path=x was taken and silently dropped; base=... was offered as its own correction."""
+    (tmp_path / "c.yaml").write_text("model: {d_model: 64}\n")
+    for key in ("path", "base"):
+        with pytest.raises(ConfigError, match=rf"{key}: not a field to set"):
+            load_config(tmp_path / "c.yaml", {key: "other.yaml"})
+    with pytest.raises(ConfigError) as caught:
+        config_from_dict({"base": "other.yaml"})
+    assert "did you mean" not in str(caught.value) and "known fields: data, decoding" in str(caught.value)

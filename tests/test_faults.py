@@ -1126,6 +1126,8 @@ API_ARGUMENTS = {
     # `structnmt translate` refuses such a line of its input; the API the same sentence
     "translate_a_bell": (lambda t: t.translate(["the dog .", "a bell \x07 rings ."]), DataError,
                          "sentences: sentence 2 holds control character U+0007"),
+    "translate_a_text_of_two_lines": (lambda t: t.translate("the dog .\nthe cat ."), DataError,
+                                      "sentences: sentence 1 holds control character U+000A"),
     "score_a_line_break": (lambda t: t.score(["the dog ."], ["der hund .\nein"]), DataError,
                            "references: sentence 1 holds control character U+000A"),
 }

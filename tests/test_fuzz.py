@@ -35,7 +35,7 @@ FRAGMENTS = [b"a", b"Hund", b"\xc3\xa4", b" ", b"\t", b"\r", b"\n", b"\n\n", b"\
 raw_bytes = st.lists(st.sampled_from(FRAGMENTS), max_size=40).map(b"".join)
 
 
-def control_character(text: str) -> bool:
+def _bad_char(text: str) -> bool:
     return any(ch != "\t" and unicodedata.category(ch) == "Cc" for ch in text)
 
 
@@ -55,7 +55,7 @@ def test_read_raw_returns_clean_lines_or_a_data_error(tmp_path_factory, data: by
         if line is None:
             assert number in raw.bad
         else:
-            assert "\n" not in line and not control_character(line)
+            assert "\n" not in line and not _bad_char(line)
 
 
 @FAST

@@ -396,3 +396,6 @@ def test_a_dataset_of_another_config_is_refused_naming_what_differs(tmp_path: Pa
     message = failing(capsys, "prepare", str(config), "--set", "data.subwords.vocab_size=30")
     assert message == (f"{config}: data.dir: {tmp_path / 'dataset'} holds a dataset prepared from a different "
                        "config (data.subwords.vocab_size: 30 asked, 60 in the dataset); use --force to replace it")
+    # a field that changes nothing in the dataset is not a different config (train ignores it too)
+    code, out, _ = cli(capsys, "prepare", str(config), "--set", "data.processes=2")
+    assert code == 0 and "already prepared from this config" in out

@@ -266,3 +266,18 @@ def test_damaged_stored_structure_is_a_data_error_not_a_wrong_batch() -> None:
     ex = {"ids": np.array([5, 6]), "word_index": np.array([0, 1]), "labels": np.array([3])}
     with pytest.raises(DataError, match="word index lies outside"):
         build_struct([ex], {"labels"}, [2], 0, 3)
+
+
+def test_translate_names_its_input_to_the_sentence_encoder() -> None:
+    """An alignment error of `translate` says which input and line (it named neither)."""
+    from structnmt.config import DecodingConfig, ModelConfig
+    from structnmt.decoding.translate import translate_lines
+    from structnmt.model.transformer import Transformer
+
+    class Refusing:  # the encoder's part: what a sentence the parser and SentencePiece disagree on raises
+        def encode_sources(self, lines, with_structure, split="translate", numbers=None, path=None):
+            raise DataError("sub-word 2 aligns to a word before the previous sub-word's word", path, numbers[0])
+
+    model = Transformer(ModelConfig(d_model=16, n_heads=2, d_ff=32, enc_layers=1, dec_layers=1), 20, 20)
+    with pytest.raises(DataError, match=r"^in\.txt:2: sub-word 2 aligns"):
+        translate_lines(model, Refusing(), ["", "\u200bThe cat ."], DecodingConfig(), source="in.txt")

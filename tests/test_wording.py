@@ -22,6 +22,9 @@ def test_a_validation_line_gives_bleu_in_points(tmp_path, capsys) -> None:
     from structnmt.training.logger import RunLogger
 
     logger = RunLogger(tmp_path, tensorboard=False, progress=False)
-    logger.log("valid", {"step": 40, "nll": 5.123456, "bleu": 3.444e-68, "best": 12.3456})
+    logger.log("valid", {"step": 40, "nll": 5.123456, "bleu": 3.444e-68, "best": 12.3456}, best_of="bleu")
+    # the best of the loss (early_stopping_metric: loss) is a loss, in its own digits
+    logger.log("valid", {"step": 80, "loss": 0.004567, "bleu": 1.5, "best": 0.004567}, best_of="loss")
     logger.close()
-    assert capsys.readouterr().err.strip() == "step=40 nll=5.123 bleu=0.00 best=12.35"
+    assert capsys.readouterr().err.strip().splitlines() == ["step=40 nll=5.123 bleu=0.00 best=12.35",
+                                                            "step=80 loss=0.004567 bleu=1.50 best=0.004567"]

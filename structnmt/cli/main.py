@@ -121,11 +121,11 @@ def cmd_translate(args: argparse.Namespace) -> int:
     settings = {"beam": args.beam, "length_penalty": args.length_penalty, "max_len_a": args.max_len_a,
                 "max_len_b": args.max_len_b}
     started = time.perf_counter()
+    source = args.input if args.input not in (None, "-") else "<stdin>"
     if args.nbest and args.nbest > 1:
-        text = "".join(f"{i}\t{hyp}\n" for i, hyps in enumerate(translator.nbest(lines, args.nbest, **settings))
-                       for hyp in hyps)
+        best = translator.nbest(lines, args.nbest, source=source, **settings)
+        text = "".join(f"{i}\t{hyp}\n" for i, hyps in enumerate(best) for hyp in hyps)
     else:
-        source = args.input if args.input not in (None, "-") else "<stdin>"
         text = "".join(f"{hyp}\n" for hyp in translator.translate(lines, source=source, **settings))
     seconds = time.perf_counter() - started
     if args.output:

@@ -33,8 +33,16 @@ import shutil
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
-from structnmt.config import DataConfig, ExperimentConfig, config_differences, from_dict
+from structnmt.config import (
+    DATA_FIELDS_WITHOUT_EFFECT,
+    DataConfig,
+    ExperimentConfig,
+    config_differences,
+    dataset_differences,
+    from_dict,
+)
 from structnmt.data.dataset import read_meta
 from structnmt.data.identity import StaleDatasetError, check_unchanged, input_files
 from structnmt.data.parsing.cache import pinned_to
@@ -61,14 +69,14 @@ def _data(cfg: ExperimentConfig) -> DataConfig:
     if cfg.data is None:
         raise ConfigError("the config has no data section", "data")
     _check(cfg.data)
-    _check_inputs_exist(cfg)
     return cfg.data
 
 
 def _check_inputs_exist(cfg: ExperimentConfig) -> None:
     """Where no dataset is built yet, every input file the config names is here before a folder is
     made: a missing one is named with its field, and a relative path with the folder it was looked
-    for in (the current one, not the config's). A built dataset may have come without its inputs
+    for in (the current one, not the config's). Only the stages that read the corpus ask (a merge
+    reads the shards alone), and a built dataset may have come without its inputs
     (``_keep_existing`` says so)."""
     assert cfg.data is not None
     if (Path(cfg.data.dir) / "meta.json").exists():
@@ -90,8 +98,8 @@ def _named(cfg: ExperimentConfig, run):
         named = ConfigError(str(err), path=cfg.path)
         named.field = err.field
         raise named from None
-    except ParserError as err:  # a parser model missing: its message names the field
-        if cfg.path is None or str(err).startswith(f"{cfg.path}: "):
+    except ParserError as err:  # a parser model missing names its field (data.src.parser.model): the file too
+        if cfg.path is None or not str(err).startswith("data."):
             raise
         raise ParserError(f"{cfg.path}: {err}") from None
 
@@ -122,6 +130,7 @@ def prepare(cfg: ExperimentConfig, force: bool = False, verbose: bool = True) ->
     config, or whose inputs changed since, is replaced only with ``force``.
     """
     data = _data(cfg)
+    _check_inputs_exist(cfg)
 
     return _named(cfg, lambda: _locked_build(data, force, verbose, _one_shot)[0])
 
@@ -194,27 +203,16 @@ def _build_and_swap(out: Path, data: DataConfig, verbose: bool, build) -> Path:
     return out
 
 
-def _differences(recorded: dict | None, data: DataConfig) -> str:
-    """The first fields in which a dataset's recorded data config differs from ``data``, in words."""
-    try:
-        old = asdict(from_dict(DataConfig, recorded, "data"))
-    except ConfigError:
-        return ""
-    differ = config_differences(old, asdict(data), "data")
-    shown = "; ".join(f"{k}: {b!r} asked, {a!r} in the dataset" for k, a, b in differ[:3])
-    more = f" (+{len(differ) - 3} more)" if len(differ) > 3 else ""
-    return f" ({shown}{more})" if shown else ""
-
-
-def same_config(recorded: dict | None, data: DataConfig) -> bool:
-    """Whether a dataset's recorded data config is ``data`` (fields added since take their defaults)."""
+def _changes(recorded: dict | None, data: DataConfig) -> list[tuple[str, Any, Any]] | None:
+    """The fields that change what the dataset holds in which its recorded data config differs
+    from ``data`` (fields added since take their defaults); None when the record is unreadable."""
     if not isinstance(recorded, dict):
-        return False
+        return None
     try:
         old = from_dict(DataConfig, recorded, "data")
     except ConfigError:
-        return False
-    return json.loads(json.dumps(asdict(old))) == json.loads(json.dumps(asdict(data)))
+        return None
+    return config_differences(asdict(old), asdict(data), "data", DATA_FIELDS_WITHOUT_EFFECT)
 
 
 def _keep_existing(out: Path, data: DataConfig, force: bool, verbose: bool) -> bool:
@@ -230,9 +228,11 @@ def _keep_existing(out: Path, data: DataConfig, force: bool, verbose: bool) -> b
         # nothing to check it against, and its data section lacks fields training now compares
         raise StaleDatasetError(f"{out} was prepared by an older structnmt that recorded no input fingerprints; "
                                 "rerun with --force to rebuild it")
-    if not same_config(old.get("data"), data):
-        raise ConfigError(f"{out} holds a dataset prepared from a different config"
-                          f"{_differences(old.get('data'), data)}; use --force to replace it", "data.dir")
+    changes = _changes(old.get("data"), data)
+    if changes is None or changes:
+        shown = f" ({dataset_differences(changes)})" if changes else ""
+        raise ConfigError(f"{out} holds a dataset prepared from a different config{shown}; "
+                          "use --force to replace it", "data.dir")
     absent = check_unchanged(old["inputs"], data, pinned_to(cache_dir_of(data)))
     if verbose and absent:
         more = f" and {len(absent) - 1} more" if len(absent) > 1 else ""
@@ -278,6 +278,7 @@ def prepare_subwords(cfg: ExperimentConfig, force: bool = False, verbose: bool =
     kept (unless ``force``). A new plan removes the shards made against an older one.
     """
     data = _data(cfg)
+    _check_inputs_exist(cfg)
 
     def run() -> Path:
         work = shards_dir(data)
@@ -355,6 +356,7 @@ def parse_shard(spec: str) -> tuple[int, int]:
 def prepare_shard(cfg: ExperimentConfig, index: int, count: int, verbose: bool = True) -> Path:
     """Stage 2: encode shard ``index`` (0-based) of ``count`` against the plan; a finished shard is kept."""
     data = _data(cfg)
+    _check_inputs_exist(cfg)
 
     def run() -> Path:
         plan_dir, plan = current_plan(data)
@@ -495,6 +497,7 @@ def prepare_sharded(cfg: ExperimentConfig, jobs: int, slurm: bool = False, param
                     force: bool = False, verbose: bool = True) -> Path:
     """All three stages: the plan here, ``jobs`` shards as local processes or a SLURM array, the merge here."""
     data = _data(cfg)
+    _check_inputs_exist(cfg)
     out = Path(data.dir)
     if out.exists() and not force:
         with DirectoryLock(out, "prepare", messages=_messages(verbose)):

@@ -119,11 +119,11 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
         if Path(path).exists() and not (Path(path).is_file() or Path(path).is_dir()):
             raise DataError("not a regular file: prepare reads its inputs more than once (and fingerprints "
                             "them); save it to a file first", path)
-    inputs = fingerprint_inputs(data)  # before reading: what we read is what we record
     pre = Preprocessor(data, {}, cache_dir=cache_dir, task_tag=task_tag(data))
     for side in SIDES:  # a parser that is not installed is found now, not after the sub-word model
         if pre.side_cfg(side).parser.backend in ("spacy", "stanza", "udpipe"):
             pre.parser(side, data.train_split)
+    inputs = fingerprint_inputs(data)  # before reading: what we read is what we record
     splits: dict[str, dict] = {}
     for split, files in data.splits.items():
         if files.src is not None and files.tgt is not None and same_file(files.src, files.tgt):
@@ -136,7 +136,8 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
         bad_lines: list[DataError] = []  # the first few, to say which lines drop_bad_lines dropped
 
         def note_bad(err: DataError, bad_lines: list[DataError] = bad_lines) -> None:
-            if len(bad_lines) <= SHOW_DROPPED:
+            # one per pair: a line bad on both sides is one dropped pair
+            if len(bad_lines) < SHOW_DROPPED and all(seen.line != err.line for seen in bad_lines):
                 bad_lines.append(err)
 
         with Progress(f"{split}: read and clean", unit="lines", enabled=verbose) as bar:
@@ -149,10 +150,10 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
             _long_line_warning(long, data.clean.max_len, split_path(files))
         if warning:
             say(f"{split}: warning: {warning}")
-        for err in bad_lines[:SHOW_DROPPED]:
+        for err in bad_lines:
             say(f"{split}: dropped (bad_line) {err}")
-        if report["bad_line"] > SHOW_DROPPED:
-            say(f"{split}: ... and {report['bad_line'] - SHOW_DROPPED} more bad lines dropped")
+        if report["bad_line"] > len(bad_lines):
+            say(f"{split}: ... and {counted(report['bad_line'] - len(bad_lines), 'more bad line')} dropped")
         splits[split] = {"lines": report["read"], "clean": {k: report[k] for k in (*DROP_REASONS, "read", "kept")}}
     train = splits[data.train_split]["clean"]
     if not train["kept"]:

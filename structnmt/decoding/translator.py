@@ -106,7 +106,7 @@ def load_translator(checkpoint: str | Path, device: str | torch.device | None = 
 def _sentences(sentences: str | Sequence[str], argument: str = "sentences") -> list[str]:
     """A list of sentences; one string is one sentence (not a sequence of characters)."""
     if isinstance(sentences, str):
-        return [sentences]
+        sentences = [sentences]
     if isinstance(sentences, (bytes, bytearray)):  # a Sequence of ints: would read as "sentence 1 is a int"
         raise DataError("got bytes, not a str: decode them first (text.decode('utf-8'))", argument)
     if not isinstance(sentences, Sequence):
@@ -120,8 +120,9 @@ def _sentences(sentences: str | Sequence[str], argument: str = "sentences") -> l
             raise DataError(f"sentence {number} is a {type(sentence).__name__}, not a str", argument)
         ch = control_character(sentence)
         if ch is not None:  # as `structnmt translate` refuses it in a line of its input
-            raise DataError(f"sentence {number} holds control character U+{ord(ch):04X} (a line break or "
-                            "another character no sentence has): remove it", argument)
+            advice = "a text of several lines is a list of sentences: text.splitlines()" if ch in "\n\r" else \
+                "remove it"
+            raise DataError(f"sentence {number} holds control character U+{ord(ch):04X}: {advice}", argument)
     return out
 
 
@@ -168,8 +169,10 @@ class Translator:
 
     def nbest(self, sentences: str | Sequence[str], n: int, beam: int | None = None,
               length_penalty: float | None = None, max_len_a: float | None = None,
-              max_len_b: int | None = None, max_tokens: int | None = None) -> list[list[str]]:
-        """The ``n`` best detokenised translations of every sentence, best first, in input order."""
+              max_len_b: int | None = None, max_tokens: int | None = None,
+              source: str = "<input>") -> list[list[str]]:
+        """The ``n`` best detokenised translations of every sentence, best first, in input order
+        (``source`` names the input in messages, as for :meth:`translate`)."""
         from structnmt.config import convert
 
         n = convert(int, n, "n")  # nbest(s, '2') names n, not a TypeError from max()
@@ -182,7 +185,7 @@ class Translator:
         settings = self.decoding(beam=beam if beam is not None else max(n, self.config.decoding.beam),
                                  nbest=n, length_penalty=length_penalty, max_len_a=max_len_a,
                                  max_len_b=max_len_b, max_tokens=max_tokens)
-        return self._translate(_sentences(sentences), settings)
+        return self._translate(_sentences(sentences), settings, source)
 
     def translate(self, sentences: str | Sequence[str], beam: int | None = None,
                   length_penalty: float | None = None, max_len_a: float | None = None,

@@ -34,8 +34,8 @@ def run_checkpoint(run_dir: Path, checkpoint: str | Path | None = None) -> Path:
 
 def _check_run_dir(run_dir: Path) -> None:
     if run_dir.is_file():  # `test runs/x/best.pt`: the run is the folder, the checkpoint an option
-        raise DataError(f"is a file, not a run folder: give the run's folder ({run_dir.parent}) and, for this "
-                        "checkpoint, --checkpoint", run_dir)
+        raise DataError(f"is a file, not a run folder: give the run's folder ({run_dir.parent}), and this file as "
+                        "its checkpoint (--checkpoint; checkpoint= in Python)", run_dir)
     if not run_dir.is_dir():
         raise DataError("no such run directory", run_dir)
 

@@ -28,6 +28,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from structnmt.config import config_differences
 from structnmt.data.identity import parser_recipe_identity
 from structnmt.errors import StructNMTError
 from structnmt.io import atomic_write_text
@@ -207,7 +208,6 @@ def check_own_records(study: Study) -> None:
 def training_differences(cfg: Any, record: dict[str, Any]) -> list[str] | None:
     """None when ``record`` was trained from ``cfg`` (its digest, or a view that differs only in
     fields added since at their defaults); else up to three fields that differ (maybe none named)."""
-    from structnmt.config import config_differences
 
     if record.get("digest") == config_digest(cfg) or added_at_default(record.get("config") or {}, train_view(cfg)):
         return None
@@ -222,8 +222,6 @@ def stale_reason(study: Study, recipe: str, seed: int, record: dict[str, Any]) -
     on), the test view (decoding, test sets: a change re-tests the tested checkpoint when it is
     still there), and, when the dataset is on this machine, the identity of what the run reads.
     """
-    from structnmt.config import config_differences
-
     cfg = study.run_config(recipe, seed)
     if (fields := training_differences(cfg, record)) is not None:
         return "recipe changed" + (f" ({', '.join(fields)})" if fields else "")

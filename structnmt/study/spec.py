@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from structnmt.config import ExperimentConfig, from_dict, load_config, parse_yaml, to_dict
+from structnmt.config import ExperimentConfig, config_differences, from_dict, load_config, parse_yaml, to_dict
 from structnmt.errors import ConfigError
 
 
@@ -385,7 +385,6 @@ def added_at_default(recorded: dict[str, Any], today: dict[str, Any]) -> bool:
     """Whether the only differences between a record's training view and today's are fields
     added to the config since the record was made, at their defaults: such a record stands
     (a new option that is off changes nothing that was trained)."""
-    from structnmt.config import config_differences
 
     differ = config_differences(recorded, today, "")
     return bool(differ) and all(old is None and new == field_default(key.lstrip(".")) for key, old, new in differ)

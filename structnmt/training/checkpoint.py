@@ -217,8 +217,7 @@ _MODEL_FIELDS_WITHOUT_EFFECT = ("model.dropout", "model.attention_dropout", "mod
 def _refuse_other_origin(path: Path, state: dict[str, Any], first: Path, first_state: dict[str, Any]) -> None:
     """Checkpoints of other vocabularies, datasets or model configs may have the same shapes, but
     their mean means nothing (the same row stands for another piece): refuse, naming what differs."""
-    from structnmt.config import config_differences
-    from structnmt.training.checks import DATA_FIELDS_WITHOUT_EFFECT
+    from structnmt.config import DATA_FIELDS_WITHOUT_EFFECT, config_differences
 
     mine, theirs = state.get("vocab") or {}, first_state.get("vocab") or {}
     if mine.get("fingerprint") != theirs.get("fingerprint"):

@@ -16,11 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from structnmt.config import ExperimentConfig, config_differences
+from structnmt.config import DATA_FIELDS_WITHOUT_EFFECT, ExperimentConfig, config_differences, dataset_differences
 from structnmt.errors import ConfigError, DataError
-
-#: data fields that do not change what a prepared dataset holds
-DATA_FIELDS_WITHOUT_EFFECT = ("data.processes", "data.cache_dir", "data.dir", "data.clean.allow_misaligned")
 
 
 def check_dataset_matches_config(cfg: ExperimentConfig, dataset_dir: Path) -> None:
@@ -38,9 +35,7 @@ def check_dataset_matches_config(cfg: ExperimentConfig, dataset_dir: Path) -> No
         return
     differ = config_differences(built, asdict(cfg.data), "data", DATA_FIELDS_WITHOUT_EFFECT)
     if differ:
-        shown = "; ".join(f"{k}: {b!r} asked, {a!r} in the dataset" for k, a, b in differ[:3])
-        more = f" (+{len(differ) - 3} more)" if len(differ) > 3 else ""
-        raise ConfigError(f"{dataset_dir} was prepared from another data section ({shown}{more}); "
+        raise ConfigError(f"{dataset_dir} was prepared from another data section ({dataset_differences(differ)}); "
                           f"run `structnmt prepare {cfg.path or 'CONFIG'} --force` or point data.dir elsewhere",
                           "data", cfg.path)
 
@@ -119,10 +114,9 @@ def check_fields_stored(cfg: ExperimentConfig, model: Any, data: Any) -> None:
 
 
 def check_conventions(model: Any, dataset_dir: Path, path: str | None = None) -> None:
-    """Refuse to synchronise trees of two annotation conventions (SyncAttn, both-side DBSA).
-
-    A method that reads trees on both sides compares them; a ClearNLP-style English tree and
-    a UD French tree disagree on what heads what, so the loss would teach noise.
+    """Refuse trees of two annotation conventions to a model that reads trees on both sides
+    (SyncAttn, both-side DBSA): its methods take them for one kind of tree, and a ClearNLP-style
+    English tree and a UD French tree disagree on what heads what, so the loss would teach noise.
     """
     needs = model.structure_needs()
     tree_fields = {"parent_first", "parent_mid", "dist", "scene_mask", "scene_dist", "labels"}

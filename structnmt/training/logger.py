@@ -60,7 +60,9 @@ class RunLogger:
             self._bar = tqdm(total=total_steps or None, initial=initial_step, unit="step",
                              dynamic_ncols=True, leave=False)
 
-    def log(self, kind: str, record: dict[str, Any]) -> None:
+    def log(self, kind: str, record: dict[str, Any], best_of: str | None = None) -> None:
+        """One record to log.jsonl and TensorBoard; a validation's also as a line on stderr, with
+        ``best`` printed as the metric it is the best of (``best_of``: "bleu" or "loss")."""
         if not self.enabled:
             return
         line = {"kind": kind, **{k: _clean(v) for k, v in record.items()}}
@@ -78,7 +80,8 @@ class RunLogger:
         if kind == "valid":
             self._stall.restart()  # a validation is a pause, not a slow stretch
             # BLEU in points with two decimals (sacreBLEU's own), never 3.444e-68 from an early model
-            self.message(" ".join(f"{k}={v:.2f}" if isinstance(v, float) and k in ("bleu", "best") else
+            points = {"bleu", "best"} if best_of == "bleu" else {"bleu"}
+            self.message(" ".join(f"{k}={v:.2f}" if isinstance(v, float) and k in points else
                                   f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                   for k, v in record.items()))
 

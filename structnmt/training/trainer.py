@@ -521,7 +521,8 @@ class Trainer:
                     p.stale_validations += 1
                 p.history.append({"step": p.step, **result})
                 log.log("valid", {"step": p.step, "epoch": p.epoch, **result,
-                                  "best": p.best_metric, "best_step": p.best_step})
+                                  "best": p.best_metric, "best_step": p.best_step},
+                        best_of=metric_name(self.t, "bleu" in result))
                 stop = bool(self.t.early_stopping) and p.stale_validations >= self.t.early_stopping
             better, stop, shared = D.broadcast_object(
                 (better, stop, (p.best_metric, p.best_step, p.stale_validations)))
