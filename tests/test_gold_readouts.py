@@ -48,13 +48,15 @@ SENT_C = ("my father laughs nextto the clock .",
           [_row(1, "my", 2), _row(2, "father", 3), _row(3, "laughs", 0, "root"),
            "4-5\tnextto\t_\t_\t_\t_\t_\t_\t_\t_", _row(4, "next", 7, "case"), _row(5, "to", 4, "fixed"),
            _row(6, "the", 7), _row(7, "clock", 3), _row(8, ".", 3)])
-# Sentence D: SentencePiece's NFKC turns "´" into a space and a combining accent, and its pieces no
-# longer follow the words (EWT test has such a sentence): dropped.
+# Sentence D: SentencePiece's NFKC turns "´" into a space and a combining accent, leaving an empty
+# piece inside the word "´m" (EWT test has such a sentence); the piece joins that word, so the tree
+# projects. The multi-word token "I´m" is one unit of 6: units' heads [3, 3, 3, 3, 3, 3];
+# right-branching gets word 4, left-branching word 2 (1 of 6 each).
 SENT_D = ("hi I´m from the clock .",
           [_row(1, "hi", 5), "2-3\tI´m\t_\t_\t_\t_\t_\t_\t_\t_", _row(2, "I", 5), _row(3, "´m", 5),
            _row(4, "from", 5), _row(5, "the", 0, "root"), _row(6, "clock", 5), _row(7, ".", 5)])
-#: over the 12 words of A and C
-RIGHT_BRANCHING, LEFT_BRANCHING = 1 / 12, 5 / 12
+#: over the 18 words of A, C and D
+RIGHT_BRANCHING, LEFT_BRANCHING = 2 / 18, 6 / 18
 
 
 def write_conllu(path: Path, sentences: list[tuple[str, list[str]]]) -> Path:
@@ -116,21 +118,20 @@ def test_the_parser_is_scored_on_exactly_the_heads_sentences_and_words(work: Pat
     gold = work / "gold.conllu"
     echo = inspect_trees_gold(translator, gold, work / "out", parser_uas=True, parser=chain_parser("gold", gold))
     assert echo["parser_uas"] == 1.0  # the gold trees, projected as the gold ones are
-    assert (echo["sentences"], echo["words"], echo["file_sentences"], echo["merged_words"]) == (2, 12, 4, 0)
-    assert echo["syntactic_words"] == 13  # "nextto" is two syntactic words, one unit
+    assert (echo["sentences"], echo["words"], echo["file_sentences"], echo["merged_words"]) == (3, 18, 4, 0)
+    assert echo["syntactic_words"] == 20  # "nextto" and "I´m" are two syntactic words each, one unit
     assert echo["right_branching_uas"] == pytest.approx(RIGHT_BRANCHING)
     assert echo["left_branching_uas"] == pytest.approx(LEFT_BRANCHING)
     reasons = echo["dropped"]["reasons"]
-    assert echo["dropped"]["sentences"] == 2 and set(reasons) == {"gold_text", "unaligned"}
+    assert echo["dropped"]["sentences"] == 1 and set(reasons) == {"gold_text"}
     assert reasons["gold_text"]["lines"] == [9] and "'dog' does not match the text" in reasons["gold_text"]["first"][0]
-    assert reasons["unaligned"]["lines"] == [29]
     assert echo["parser"]["match"] == "unknown" and echo["side"] == "src" and echo["layer"] == 1
     # the head's trees and the parser's: one line per scored sentence, the same words
     heads = (work / "out" / "gold.heads").read_text().splitlines()
     parsed = (work / "out" / "gold.parser.heads").read_text().splitlines()
-    assert [len(h.split()) for h in heads] == [len(p.split()) for p in parsed] == [5, 7]
-    assert (work / "out" / "gold.lines").read_text().split() == ["1", "17"]
-    assert parsed == ["1 2 2 2 2", "1 2 2 5 5 2 2"]
+    assert [len(h.split()) for h in heads] == [len(p.split()) for p in parsed] == [5, 7, 6]
+    assert (work / "out" / "gold.lines").read_text().split() == ["1", "17", "29"]
+    assert parsed == ["1 2 2 2 2", "1 2 2 5 5 2 2", "3 3 3 3 3 3"]
     assert json.loads((work / "out" / "gold.trees.json").read_text()) == echo
     # chains over the parser's words (the syntactic words "next", "to" of C) come out as chains over
     # the units, so they score what the baselines score
@@ -216,7 +217,7 @@ def test_the_command_line_and_the_study_script(work: Path, capsys: pytest.Captur
     rows = json.loads((work / "table.json").read_text())
     # the target side has no parser to run (stored parses) and says so; the source side is scored
     assert code == 1 and [row["side"] for row in rows] == ["src", "tgt"]
-    assert rows[0]["parser_uas"] == pytest.approx(RIGHT_BRANCHING) and rows[0]["sentences"] == 2
+    assert rows[0]["parser_uas"] == pytest.approx(RIGHT_BRANCHING) and rows[0]["sentences"] == 3
     assert "give the parser" in rows[1]["error"]
-    assert f"| {100 * RIGHT_BRANCHING:.2f} |" in text and "2 of 4 (2)" in text and "not scored" in text
+    assert f"| {100 * RIGHT_BRANCHING:.2f} |" in text and "3 of 4 (1)" in text and "not scored" in text
     assert "structnmt inspect trees demo/run --side src --conllu" in text and "1 gold_text (lines 9" in text

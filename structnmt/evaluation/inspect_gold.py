@@ -69,8 +69,8 @@ def _gold_text(block: str, moses: bool) -> str:
 #: head, the parser and the baselines are always scored on the same sentences
 DROP_REASONS = {
     "gold_text": "its gold words are not where its own `# text` has them",
-    "unaligned": "its sub-words do not align to its words (SentencePiece's NFKC normalisation rewrites a character, "
-                 "e.g. '´' into a space and a combining accent)",
+    "unaligned": "its sub-words do not align to its words (SentencePiece's normalisation rewrote or removed "
+                 "characters so that a word received no sub-word, or pieces fell out of order)",
     "too_long": "more sub-words than the model reads (model.max_positions)",
     "parser": "the parser's tree over its words could not be projected onto the sub-words as the gold one was",
 }
