@@ -497,7 +497,6 @@ def prepare_sharded(cfg: ExperimentConfig, jobs: int, slurm: bool = False, param
                     force: bool = False, verbose: bool = True) -> Path:
     """All three stages: the plan here, ``jobs`` shards as local processes or a SLURM array, the merge here."""
     data = _data(cfg)
-    _check_inputs_exist(cfg)
     out = Path(data.dir)
     if out.exists() and not force:
         with DirectoryLock(out, "prepare", messages=_messages(verbose)):
