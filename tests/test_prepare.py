@@ -74,7 +74,7 @@ def make_config(root: Path, moses: bool = False, multitask: bool = False, val_ro
 def test_prepare_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     cfg = make_config(tmp_path, moses=True)
     out = prepare(cfg)
-    assert "train: kept 79 of 80 pairs; dropped {'empty': 1}" in capsys.readouterr().out
+    assert "train: kept 79 of 80 pairs; dropped empty 1" in capsys.readouterr().out
     meta = json.loads((out / "meta.json").read_text())
     assert meta["splits"]["train"]["clean"]["empty"] == 1 and meta["splits"]["train"]["n"] == 79
     assert meta["parsers"]["src"]["backend"] == "conllu" and meta["parsers"]["src"]["convention"] == "ud"
@@ -158,3 +158,25 @@ def test_multi30k_config_from_local_copy(tmp_path: Path) -> None:
     pairs, report = read_parallel(data.splits["val"], data.clean)
     assert report["read"] == 1014 and len(pairs) == report["kept"] > 1000
     assert load_config(tmp_path / "multi30k.en-de.yaml").data.splits["train"].tgt == data.splits["train"].tgt
+
+
+def test_a_one_shot_prepare_loads_its_parser_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan stage loads the parser early (to name a missing model before the sub-word model
+    is trained); the encode stage reuses it rather than loading the model a second time."""
+    import structnmt.data.pipeline as pipeline
+    from tests.test_parsing import CountingParser
+
+    loaded: list[CountingParser] = []
+
+    def make_parser(cfg, split, processes=1, where="parser"):
+        loaded.append(CountingParser())
+        return loaded[-1]
+
+    monkeypatch.setattr(pipeline, "make_parser", make_parser)
+    cfg = make_config(tmp_path)
+    cfg.data.src.parser = ParserConfig(backend="spacy", model="en_core_web_sm")  # type: ignore[union-attr]
+    out = prepare(cfg, verbose=False)
+    kept = [line for k, line in enumerate((tmp_path / "train.en").read_text().splitlines()) if k != 5]
+    kept += (tmp_path / "val.en").read_text().splitlines()
+    assert len(loaded) == 1 and len(set(kept)) <= loaded[0].calls <= len(kept)  # all parsed by the one parser
+    assert ParallelDataset(out, "val").has("src", "heads")

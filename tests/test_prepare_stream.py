@@ -142,7 +142,7 @@ def test_merge_of_shards_equals_one_shot(tmp_path: Path, capsys: pytest.CaptureF
     # each shard met the labels in its own order: the merge had to renumber them
     assert len({tuple(r["labels"]) for r in records}) == 3
     merged = merge_shards(sharded, verbose=True)
-    assert "train: kept 149 of 150 pairs; dropped {'empty': 1}" in capsys.readouterr().out
+    assert "train: kept 149 of 150 pairs; dropped empty 1" in capsys.readouterr().out
     assert_same_dataset(one, merged)
     meta = json.loads((merged / "meta.json").read_text())
     assert meta["shards"] == 3 and meta["splits"]["train"]["n"] == 149
@@ -150,6 +150,35 @@ def test_merge_of_shards_equals_one_shot(tmp_path: Path, capsys: pytest.CaptureF
     assert meta["splits"]["train"]["fields"]["src"] == ["ids", "word_index", "parent_first", "parent_mid",
                                                           "heads", "labels", "word_spans", "scene_members",
                                                           "scene_parent"]
+
+
+def test_empty_sources_of_a_test_split_keep_their_places_across_shards(tmp_path: Path) -> None:
+    """Lines 3, 17 and 29 of the test split (one in each of three shards) have an empty source and
+    line 8 an empty reference: the merge places each set-aside pair as a one-shot prepare does."""
+    from structnmt.data.dataset import ParallelDataset
+
+    cfg = make_config(tmp_path)
+    rows = labelled_corpus(30, 3)
+    for n in (3, 17, 29):
+        rows[n - 1] = ("", f"REF {n}", rows[n - 1][2])
+    rows[7] = (rows[7][0], "", rows[7][2])
+    test, test_conllu = write_split(tmp_path, "test", rows)
+    cfg.data.splits["test"] = test  # type: ignore[union-attr]
+    cfg.data.src.parser.conllu["test"] = test_conllu  # type: ignore[union-attr]
+    one = prepare(cfg, verbose=False)
+    sharded = elsewhere(cfg, "sharded")
+    prepare_subwords(sharded, verbose=False)
+    for index in range(3):
+        prepare_shard(sharded, index, 3, verbose=False)
+    merged = merge_shards(sharded, verbose=False)
+    assert_same_dataset(one, merged)
+    data = ParallelDataset(merged, "test")
+    # stored: the 26 lines but 3, 8, 17 and 29; each set-aside pair follows the stored ones before it
+    assert [(p["line"], p["at"], p["tgt"]) for p in data.set_aside()] == [(3, 2, "REF 3"), (17, 14, "REF 17"),
+                                                                       (29, 25, "REF 29")]
+    assert data.scored_raw("tgt") == [tgt for k, (_, tgt, _) in enumerate(rows) if k != 7]
+    places = data.scored_positions()
+    assert [data.scored_raw("src")[place] for place in places] == data.raw("src")
 
 
 def test_merge_of_multitask_shards_keeps_the_twins_last(tmp_path: Path) -> None:

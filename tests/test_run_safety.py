@@ -23,7 +23,7 @@ from structnmt.training.checkpoint import verify_checkpoint
 from structnmt.training.logger import read_log
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_bad_input import cli, experiment, one_error, tiny_checkpoint  # noqa: E402
+from test_bad_input import block, cli, experiment, one_error, tiny_checkpoint  # noqa: E402
 from test_training import SCRIPT, V, _start, make_dataset, make_trainer, tiny_cfg  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -246,6 +246,51 @@ def test_a_test_line_longer_than_the_model_reads_is_translated_truncated_and_sco
     assert scores["test"]["truncated_lines"] == [2] and scores["test"]["sentences"] == 3
     assert "1 line(s) longer than the model's 63 source positions" in err and "(lines 2)" in err
     assert len((tmp_path / "run" / "eval" / "test.hyp").read_text().splitlines()) == 3
+
+
+def test_a_test_line_with_an_empty_source_is_scored_in_its_place(tmp_path, capsys):
+    """A test set is scored whole: line 2 (empty source) gets an empty translation in its place, as
+    the user's own sacreBLEU run on the files would; line 4 (empty reference) cannot be scored and
+    prepare says so; the long-dependency subset's lines count in the scored set."""
+    import sacrebleu
+
+    from structnmt.data.dataset import ParallelDataset
+    from structnmt.evaluation.run_eval import evaluate_run
+
+    src = ["The dog sees a cat .", "", "a b c d e f g h i", "A cat likes the bird .", "The bird sees a dog ."]
+    tgt = ["Der Hund sieht eine Katze .", "Ein Hund schläft .", "a b c", "", "Der Vogel sieht einen Hund ."]
+    (tmp_path / "test.en").write_text("".join(s + "\n" for s in src))
+    (tmp_path / "test.de").write_text("".join(s + "\n" for s in tgt))
+    trees = []
+    for line in src:  # line 2's tree is never read (its pair holds no sentence to parse)
+        words = line.split() or ["x"]
+        trees.append(block([(i, w, 0 if i == 1 else 1, "root" if i == 1 else "dep") for i, w in enumerate(words, 1)]))
+    (tmp_path / "test.conllu").write_text("".join(trees))
+    config = experiment(tmp_path, model={"max_positions": 64})
+    raw = yaml.safe_load(config.read_text())
+    raw["data"]["src"]["parser"]["conllu"]["test"] = str(tmp_path / "test.conllu")
+    raw["data"]["splits"]["test"] = {"src": str(tmp_path / "test.en"), "tgt": str(tmp_path / "test.de")}
+    raw["decoding"] = {"beam": 1, "max_len_a": 0.0, "max_len_b": 3}
+    config.write_text(yaml.safe_dump(raw))
+    code, out, _ = cli(capsys, "prepare", str(config))
+    assert code == 0
+    assert f"test: {tmp_path / 'test.en'} line 2 has an empty source: `structnmt test` scores it in its place" in out
+    assert f"test: warning: {tmp_path / 'test.de'} line 4 has an empty reference: dropped, and not scored" in out
+    assert "test: kept 3 of 5 pairs; dropped empty 2; 1 of them kept aside for `test` (empty source)" in out
+    data = ParallelDataset(tmp_path / "dataset", "test")
+    assert len(data) == 3 and [p["line"] for p in data.set_aside()] == [2]
+    assert data.scored_raw("tgt") == [tgt[0], tgt[1], tgt[2], tgt[4]] and data.scored_positions() == [0, 2, 3]
+    (tmp_path / "run").mkdir()
+    tiny_checkpoint(config, tmp_path / "run" / "last.pt")
+    scores = evaluate_run(tmp_path / "run", splits=["test"], device="cpu", quiet=True, long_dependency=7)
+    hyps = (tmp_path / "run" / "eval" / "test.hyp").read_text().splitlines()
+    refs = (tmp_path / "run" / "eval" / "test.ref").read_text().splitlines()
+    assert len(hyps) == 4 and hyps[1] == "" and refs == data.scored_raw("tgt")
+    assert scores["test"]["sentences"] == 4 and scores["test"]["empty_source_lines"] == [2]
+    assert scores["test"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    # the one sentence with an arc of 8 words is line 3 of the scored set (the second stored pair)
+    assert scores["test_longdep"]["lines"] == [3] and scores["test_longdep"]["sentences"] == 1
+    assert (tmp_path / "run" / "eval" / "test_longdep.ref").read_text() == "a b c\n"
 
 
 def test_translating_a_long_raw_line_warns_and_keeps_every_line(tmp_path, capsys):

@@ -447,8 +447,10 @@ def read_pairs(split: SplitFiles, drop_bad_lines: bool = False) -> list[Pair]:
 
 
 def iter_clean(pairs: Iterable[Pair], clean: CleanConfig, report: Counter[str],
-               watch: RatioWatch | None = None) -> Iterator[tuple[int, str, str]]:
-    """:func:`clean_pairs`, streamed: kept pairs are yielded, drops counted in ``report``."""
+               watch: RatioWatch | None = None,
+               on_empty: Callable[[int, str, str], None] | None = None) -> Iterator[tuple[int, str, str]]:
+    """:func:`clean_pairs`, streamed: kept pairs are yielded, drops counted in ``report``; each pair
+    dropped for an empty side also goes to ``on_empty`` (line, src, tgt)."""
     report.update({reason: 0 for reason in DROP_REASONS})
     for number, src, tgt in pairs:
         report["read"] += 1
@@ -458,6 +460,8 @@ def iter_clean(pairs: Iterable[Pair], clean: CleanConfig, report: Counter[str],
             yield number, src, tgt  # type: ignore[misc]
         else:
             report[reason] += 1
+            if reason == "empty" and on_empty is not None:
+                on_empty(number, src, tgt)  # type: ignore[arg-type]
 
 
 def read_parallel(split: SplitFiles, clean: CleanConfig,

@@ -10,13 +10,14 @@ however large the corpus) and builds the split in a temporary directory that is 
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
 import shutil
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TypeVar
 
 import numpy as np
 
@@ -24,6 +25,8 @@ from structnmt.data.example import Example, Side
 from structnmt.data.structures import project
 from structnmt.errors import DataError
 from structnmt.io import make_temp_dir
+
+T = TypeVar("T")
 
 SIDES = ("src", "tgt")
 #: dtype and per-item shape of every stored field
@@ -373,6 +376,19 @@ def splits_here(dataset_dir: Path) -> str:
     return f"splits: {', '.join(splits)}" if splits else "none prepared: run `structnmt prepare`"
 
 
+def with_set_aside(stored: Sequence[T], set_aside: Sequence[dict], value: Callable[[dict], T]) -> list[T]:
+    """``stored`` (one item per stored pair of a split) with ``value(pair)`` put back at each
+    set-aside pair's place (its ``at``: how many stored pairs come before it)."""
+    out: list[T] = []
+    done = 0
+    for pair in set_aside:
+        out.extend(stored[done:pair["at"]])
+        out.append(value(pair))
+        done = pair["at"]
+    out.extend(stored[done:])
+    return out
+
+
 class ParallelDataset:
     """One split of a prepared dataset; every array is memory-mapped unless ``mmap=False``."""
 
@@ -459,3 +475,19 @@ class ParallelDataset:
             raise DataError("no raw sentences stored for this side", file)
         with open(file, encoding="utf-8") as handle:
             return [line.rstrip("\n") for line in handle]
+
+    def set_aside(self) -> list[dict]:
+        """The pairs of this evaluation split that prepare kept out of the arrays for an empty
+        source, each with its file ``line``, its place among the stored pairs (``at``) and its texts."""
+        return list((self.meta.get("splits", {}).get(self.split) or {}).get("set_aside", []))
+
+    def scored_raw(self, side: str) -> list[str]:
+        """One side of every line a test scores: the stored pairs' raw text with the set-aside pairs
+        back in their places, line for line the user's file (less any pair dropped for a bad line
+        or an empty reference)."""
+        return with_set_aside(self.raw(side), self.set_aside(), lambda pair: pair[side])
+
+    def scored_positions(self) -> list[int]:
+        """Where each stored pair stands among the lines :meth:`scored_raw` gives (0-based)."""
+        places = [pair["at"] for pair in self.set_aside()]
+        return [i + bisect.bisect_right(places, i) for i in range(len(self))]

@@ -75,14 +75,17 @@ class Preprocessor:
     """Holds the tokenisers, sub-word models, parsers and scene settings of a dataset."""
 
     def __init__(self, data: DataConfig, subwords: dict[str, SubwordModel],
-                 cache_dir: str | Path | None = None, task_tag: str | None = None) -> None:
+                 cache_dir: str | Path | None = None, task_tag: str | None = None,
+                 parsers: dict[str, Parser] | None = None) -> None:
+        """``parsers``: a dict the side parsers (all but CoNLL-U's) are kept in, to hand them from
+        one Preprocessor to the next (a one-shot prepare's plan and encode stages load them once)."""
         self.data = data
         self.subwords = subwords
         self.cache_dir = Path(cache_dir) if cache_dir is not None else None
         self.task_tag = task_tag
         self.moses = {side: MosesTokeniser(self.side_cfg(side).lang) for side in SIDES} if data.moses else {}
         self._parsers: dict[tuple[str, str], Parser] = {}
-        self._shared: dict[str, Parser] = {}
+        self._shared: dict[str, Parser] = parsers if parsers is not None else {}
         self._identity: dict[str, dict | None] = {}
         for side in SIDES:
             cfg = self.side_cfg(side)

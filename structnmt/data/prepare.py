@@ -149,8 +149,10 @@ def _locked_build(data: DataConfig, force: bool, verbose: bool, build) -> tuple[
 
 def _one_shot(data: DataConfig, tmp: Path, verbose: bool) -> dict:
     work = tmp / ".work"
-    plan = make_plan(data, work / "plan", cache_dir_of(data), verbose)
-    record = encode_shard(data, plan, work / "plan", work / "shard", 0, 1, cache_dir_of(data), verbose)
+    parsers: dict = {}  # loaded once, for both stages
+    plan = make_plan(data, work / "plan", cache_dir_of(data), verbose, parsers=parsers)
+    record = encode_shard(data, plan, work / "plan", work / "shard", 0, 1, cache_dir_of(data), verbose,
+                          parsers=parsers)
     meta = _finish(data, plan, work / "plan", [(work / "shard", record)], tmp, verbose, move=True)
     shutil.rmtree(work)
     return meta

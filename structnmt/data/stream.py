@@ -19,6 +19,7 @@ same dataset record for record (``tests/test_prepare_stream.py``).
 
 from __future__ import annotations
 
+import bisect
 import json
 import random
 import shutil
@@ -106,10 +107,11 @@ def task_tag(data: DataConfig) -> str | None:
 
 
 def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: bool = True,
-              messages=print) -> dict:
+              messages=print, parsers: dict | None = None) -> dict:
     """Pass over every split, sample the training pairs, train the sub-word model(s) into ``work``.
 
-    Writes ``work/plan.json`` (last, atomically) and returns it.
+    Writes ``work/plan.json`` (last, atomically) and returns it. ``parsers`` keeps the loaded
+    parsers for a later stage (see :class:`~structnmt.data.pipeline.Preprocessor`).
     """
     say = messages if verbose else (lambda _m: None)
     work.mkdir(parents=True, exist_ok=True)
@@ -119,7 +121,7 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
         if Path(path).exists() and not (Path(path).is_file() or Path(path).is_dir()):
             raise DataError("not a regular file: prepare reads its inputs more than once (and fingerprints "
                             "them); save it to a file first", path)
-    pre = Preprocessor(data, {}, cache_dir=cache_dir, task_tag=task_tag(data))
+    pre = Preprocessor(data, {}, cache_dir=cache_dir, task_tag=task_tag(data), parsers=parsers)
     for side in SIDES:  # a parser that is not installed is found now, not after the sub-word model
         if pre.side_cfg(side).parser.backend in ("spacy", "stanza", "udpipe"):
             pre.parser(side, data.train_split)
@@ -134,6 +136,7 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
         clean = clean_config(data, split)
         long: list[int] = []
         bad_lines: list[DataError] = []  # the first few, to say which lines drop_bad_lines dropped
+        empty: list[tuple[int, str]] = []  # an evaluation split's pairs with an empty side: (line, "src"/"tgt")
 
         def note_bad(err: DataError, bad_lines: list[DataError] = bad_lines) -> None:
             # one per pair: a line bad on both sides is one dropped pair
@@ -143,7 +146,9 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
         with Progress(f"{split}: read and clean", unit="lines", enabled=verbose) as bar:
             pairs = _aligned(iter_pairs(files, clean.drop_bad_lines, note_bad), files, split,
                              data.clean.allow_misaligned, say)
-            for number, src, tgt in iter_clean(_ticking(pairs, bar), clean, report, watch):
+            on_empty = (lambda n, src, _tgt, empty=empty: empty.append((n, "tgt" if src.split() else "src"))) \
+                if split != data.train_split else None
+            for number, src, tgt in iter_clean(_ticking(pairs, bar), clean, report, watch, on_empty):
                 if watch is None and (_words(src) > data.clean.max_len or _words(tgt) > data.clean.max_len):
                     long.append(number)
         warning = watch.warning(split_path(files), data.clean.max_ratio) if watch is not None else \
@@ -154,6 +159,12 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
             say(f"{split}: dropped (bad_line) {err}")
         if report["bad_line"] > len(bad_lines):
             say(f"{split}: ... and {counted(report['bad_line'] - len(bad_lines), 'more bad line')} dropped")
+        if blank := [n for n, side in empty if side == "src"]:
+            say(f"{split}: {_lines(blank, split_paths(files)['src'])} an empty source: `structnmt test` scores "
+                f"{'it' if len(blank) == 1 else 'each'} in its place as an empty translation")
+        if unreferenced := [n for n, side in empty if side == "tgt"]:
+            say(f"{split}: warning: {_lines(unreferenced, split_paths(files)['tgt'])} an empty reference: "
+                "dropped, and not scored by `structnmt test` (give it a reference, or remove it from both files)")
         splits[split] = {"lines": report["read"], "clean": {k: report[k] for k in (*DROP_REASONS, "read", "kept")}}
     train = splits[data.train_split]["clean"]
     if not train["kept"]:
@@ -195,6 +206,14 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
     }
     atomic_write_text(work / "plan.json", json.dumps(plan, indent=2, ensure_ascii=False) + "\n")
     return plan
+
+
+def _lines(numbers: list[int], path: str) -> str:
+    """"{path} line 5 has" / "{path} lines 5, 9, ... (12 lines) have", for a message."""
+    if len(numbers) == 1:
+        return f"{path} line {numbers[0]} has"
+    shown = ", ".join(map(str, numbers[:SHOW_DROPPED])) + (", ..." if len(numbers) > SHOW_DROPPED else "")
+    return f"{path} lines {shown} ({len(numbers)} lines) have"
 
 
 def _aligned(pairs: Iterable[Pair], files: SplitFiles, split: str, allow: bool, say) -> Iterator[Pair]:
@@ -343,11 +362,13 @@ def line_range(lines: int, index: int, count: int) -> tuple[int, int]:
 
 
 def encode_shard(data: DataConfig, plan: dict, models_dir: Path, out: Path, index: int, count: int,
-                 cache_dir: Path | None, verbose: bool = True, messages=print) -> dict:
-    """Encode shard ``index`` of ``count`` of every split into ``out``; writes and returns ``out/shard.json``."""
+                 cache_dir: Path | None, verbose: bool = True, messages=print, parsers: dict | None = None) -> dict:
+    """Encode shard ``index`` of ``count`` of every split into ``out``; writes and returns ``out/shard.json``
+    (``parsers``: those :func:`make_plan` loaded, when it ran in this process)."""
     say = messages if verbose else (lambda _m: None)
     out.mkdir(parents=True, exist_ok=True)
-    pre = Preprocessor(data, load_models(plan, models_dir), cache_dir=cache_dir, task_tag=task_tag(data))
+    pre = Preprocessor(data, load_models(plan, models_dir), cache_dir=cache_dir, task_tag=task_tag(data),
+                       parsers=parsers)
     store = {side: pre.keeps_structure and getattr(data, side).parser.backend != "none" for side in SIDES}
     labels: list[str] = [NO_LABEL]
     seconds = {"tokenise_parse_encode": 0.0, "store": 0.0}
@@ -359,13 +380,20 @@ def encode_shard(data: DataConfig, plan: dict, models_dir: Path, out: Path, inde
         clean = clean_config(data, split)
         report: Counter[str] = Counter()
         shown = 0
+        # an evaluation split's pairs with an empty source are set aside, not lost: `test` scores them
+        # in their place, so that a test set is scored whole (see set_aside_entries)
+        empty: list[tuple[int, str, str]] = []
+        written: list[int] = []  # the lines of the evaluation split's stored pairs, in order
+        evaluated = split != data.train_split
         twins_writer = DatasetWriter(out, split + TWINS, store, label_vocab=labels) \
             if data.multitask_parse and split == data.train_split else None
         with DatasetWriter(out, split, store, label_vocab=labels) as writer, \
                 Progress(f"{name}{split}: encode", total=stop - first, unit="lines", enabled=verbose) as bar:
             numbered = (p for p in iter_pairs(files, clean.drop_bad_lines) if p[0] >= first)
             in_range = _ticking(islice(numbered, stop - first), bar)
-            for chunk in _chunks(iter_clean(in_range, clean, report), CHUNK):
+            on_empty = (lambda n, src, tgt, empty=empty: empty.append((n, src, tgt)) if not src.split() else None) \
+                if evaluated else None
+            for chunk in _chunks(iter_clean(in_range, clean, report, on_empty=on_empty), CHUNK):
                 clock = time.perf_counter()
                 dropped: list[tuple[str, DataError]] | None = [] if clean.drop_bad_lines else None
                 examples = pre.encode_pairs(chunk, split, split_paths(files), dropped)
@@ -377,6 +405,8 @@ def encode_shard(data: DataConfig, plan: dict, models_dir: Path, out: Path, inde
                 clock = time.perf_counter()
                 for example in examples:
                     writer.add(example)
+                if evaluated:
+                    written.extend(ex.meta["line"] for ex in examples)
                 for example in twins:
                     twins_writer.add(example)  # type: ignore[union-attr]
                 seconds["store"] += time.perf_counter() - clock
@@ -399,11 +429,20 @@ def encode_shard(data: DataConfig, plan: dict, models_dir: Path, out: Path, inde
                                    "clean": {k: report[k] for k in (*DROP_REASONS, "read", "kept")}
                                    | {k: v for k, v in report.items() if k not in (*DROP_REASONS, "read", "kept")},
                                    "parts": parts, "labels_after": len(labels)}
+        if empty:
+            record["splits"][split]["set_aside"] = set_aside_entries(empty, written)
     record["labels"] = labels
     record["parser_info"] = {side: pre.parser_info(side) for side in SIDES}
     record["seconds"] = seconds
     atomic_write_text(out / "shard.json", json.dumps(record, indent=2, ensure_ascii=False) + "\n")
     return record
+
+
+def set_aside_entries(empty: list[tuple[int, str, str]], written: list[int]) -> list[dict]:
+    """The pairs of an evaluation split dropped for an empty source, each with ``at``: how many stored
+    pairs come before it (exact even where pairs between were dropped for other reasons), so that
+    ``structnmt test`` puts its translation and reference back in its place."""
+    return [{"line": n, "at": bisect.bisect_left(written, n), "src": src, "tgt": tgt} for n, src, tgt in empty]
 
 
 def _parse_examples(pre: Preprocessor, pairs: list[tuple[int, str, str]], split: str) -> list[Example]:
@@ -482,12 +521,21 @@ def assemble(data: DataConfig, plan: dict, shards: list[tuple[Path, dict]], out:
         splits[split] = {"n": n, "tokens": dict(tokens), "fields": first["fields"],
                          "clean": {k: clean[k] for k in (*DROP_REASONS, "read", "kept")}
                          | {k: v for k, v in clean.items() if k not in (*DROP_REASONS, "read", "kept")}}
+        set_aside, stored = [], 0  # each shard's set-aside pairs, placed after the shards before it
+        for record in records:
+            entry = record["splits"][split]
+            set_aside += [{**pair, "at": pair["at"] + stored} for pair in entry.get("set_aside", [])]
+            stored += entry["parts"][0]["n"]
+        if set_aside:
+            splits[split]["set_aside"] = set_aside
         if verbose:
             dropped = {k: v for k, v in splits[split]["clean"].items() if k not in ("read", "kept") and v}
             kept = splits[split]["clean"]["kept"]
             extra = f" (+{n - kept} parse examples)" if n - kept else ""
+            listed = ", ".join(f"{reason} {count}" for reason, count in dropped.items())
+            aside = f"; {len(set_aside)} of them kept aside for `test` (empty source)" if set_aside else ""
             say(f"{split}: kept {kept} of {splits[split]['clean']['read']} pairs{extra}; "
-                f"dropped {dropped or 'none'}")
+                f"dropped {listed or 'none'}{aside}")
     return {"splits": splits, "labels": labels}
 
 

@@ -6,7 +6,9 @@ detokenised output is scored with sacreBLEU against the raw references. Hypothes
 references, sources and scores land in ``RUN/eval/<split>.{hyp,ref,src,json}``, which
 ``structnmt report`` reads. When the split carries source parses, the sentences with a long
 dependency arc are scored again as a test set of their own (``<split>_longdep``). Every line
-is scored: one longer than the model reads is translated from a prefix (``truncated_lines``).
+is scored: one longer than the model reads is translated from a prefix (``truncated_lines``), and
+one with an empty source, which prepare keeps out of the arrays, as an empty translation in its
+place (``empty_source_lines``), so that the scores are sacreBLEU's on the user's own files.
 """
 
 from __future__ import annotations
@@ -58,7 +60,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
     ``decoding`` (a ``DecodingConfig``) replaces the checkpoint's own decoding section: a study
     whose decoding changed after training re-tests with today's settings, not the old ones.
     """
-    from structnmt.data.dataset import ParallelDataset
+    from structnmt.data.dataset import ParallelDataset, with_set_aside
     from structnmt.decoding.translate import translate_split
     from structnmt.decoding.translator import load_translator
     from structnmt.evaluation.scores import corpus_scores
@@ -83,14 +85,18 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
         data = ParallelDataset(translator.dataset_dir, split)
         started = time.perf_counter()
         truncated: list[int] = []
-        hyps = translate_split(translator.model, data, translator.preprocessor, settings, translator.device,
-                               labels=translator.labels, truncated=truncated)
+        stored = translate_split(translator.model, data, translator.preprocessor, settings, translator.device,
+                                 labels=translator.labels, truncated=truncated)
         seconds = time.perf_counter() - started
-        refs = data.raw("tgt")
+        set_aside = data.set_aside()  # empty sources prepare kept out of the arrays: empty translations
+        hyps = with_set_aside(stored, set_aside, lambda _pair: "")
+        refs = data.scored_raw("tgt")
         scores = corpus_scores(hyps, [refs], metrics=("bleu", "chrf"))
         scores.update({"checkpoint": str(ckpt), "beam": settings.beam, "sentences": len(hyps), "seconds": seconds,
                        "truncated_lines": truncated})
-        _write_set(run_dir / "eval", split, hyps, refs, data.raw("src"), scores)
+        if set_aside:
+            scores["empty_source_lines"] = [pair["line"] for pair in set_aside]
+        _write_set(run_dir / "eval", split, hyps, refs, data.scored_raw("src"), scores)
         results[split] = scores
         if not quiet:
             parts = scores["bleu_parts"]
@@ -98,14 +104,15 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
             print(f"{split}: BLEU {scores['bleu']:.2f} (BP {parts['bp']:.3f}, length ratio {ratio})  "
                   f"chrF {scores['chrf']:.2f}  ({len(hyps)} sentences, {seconds:.1f}s)  {scores['signature']['bleu']}")
         if long_dependency and data.has("src", "heads"):
-            results.update(_long_dependency(run_dir, split, data, hyps, refs, long_dependency, quiet))
+            results.update(_long_dependency(run_dir, split, data, stored, long_dependency, quiet))
     return results
 
 
-def _long_dependency(run_dir: Path, split: str, data, hyps: list[str], refs: list[str], threshold: int,
+def _long_dependency(run_dir: Path, split: str, data, hyps: list[str], threshold: int,
                      quiet: bool) -> dict[str, dict]:
     """Score the sentences whose source parse has an arc of ``threshold`` words or more as a
-    test set of its own (``<split>_longdep``), chosen from the stored parse, so reproducibly."""
+    test set of its own (``<split>_longdep``), chosen from the stored parse, so reproducibly.
+    ``hyps`` are the stored pairs' translations; ``lines`` count in the whole scored set."""
     from structnmt.evaluation.challenge import long_dependency_subset
     from structnmt.evaluation.scores import corpus_scores
 
@@ -114,11 +121,11 @@ def _long_dependency(run_dir: Path, split: str, data, hyps: list[str], refs: lis
     if not chosen:
         return {}
     name = f"{split}_longdep"
-    sources = data.raw("src")
+    sources, refs, places = data.raw("src"), data.raw("tgt"), data.scored_positions()
     sub_hyps, sub_refs = [hyps[i] for i in chosen], [refs[i] for i in chosen]
     scores = corpus_scores(sub_hyps, [sub_refs], metrics=("bleu", "chrf"))
     scores.update({"subset_of": split, "threshold": threshold, "sentences": len(chosen),
-                   "lines": [i + 1 for i in chosen]})
+                   "lines": [places[i] + 1 for i in chosen]})
     _write_set(run_dir / "eval", name, sub_hyps, sub_refs, [sources[i] for i in chosen], scores)
     if not quiet:
         print(f"{name}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({len(chosen)} sentences with an "

@@ -72,7 +72,7 @@ def _split_lines(study: Study, recipe: str, seed: int, split: str, side: str) ->
 
     cfg = study.run_config(recipe, seed)
     if (Path(cfg.data.dir) / split / f"raw.{side}.txt").is_file():
-        return ParallelDataset(cfg.data.dir, split).raw(side), f"{cfg.data.dir}/{split}"
+        return ParallelDataset(cfg.data.dir, split).scored_raw(side), f"{cfg.data.dir}/{split}"
     files = cfg.data.splits.get(split)
     file = getattr(files, side, None) if files is not None else None
     if file and Path(file).is_file():

@@ -548,7 +548,7 @@ def reference_digests(data_dir: str | Path, scores: dict[str, Any]) -> dict[str,
     out = {}
     for split in sorted({s.get("subset_of", name) for name, s in scores.items()}):
         with contextlib.suppress(StructNMTError):  # a dataset without raw references: no digest, not no record
-            out[split] = lines_digest(ParallelDataset(data_dir, split).raw("tgt"))
+            out[split] = lines_digest(ParallelDataset(data_dir, split).scored_raw("tgt"))
     return out
 
 
