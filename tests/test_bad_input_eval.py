@@ -74,8 +74,8 @@ def test_one_metric_as_a_string_is_that_metric(texts: tuple[Path, Path]) -> None
 
 
 @pytest.mark.parametrize("metrics, expected", [
-    (["rouge"], "metrics: unknown metric(s) 'rouge' (known: bleu, chrf, ter, ribes)"),
-    ("rouge", "metrics: unknown metric(s) 'rouge' (known: bleu, chrf, ter, ribes)"),
+    (["rouge"], "metrics: unknown metric 'rouge' (known: bleu, chrf, ter, ribes)"),
+    ("rouge", "metrics: unknown metric 'rouge' (known: bleu, chrf, ter, ribes)"),
     ([], "metrics: no metric given (known: bleu, chrf, ter, ribes)"),
     (5, "metrics: expected a metric name or a list of them (known: bleu, chrf, ter, ribes), got 5"),
 ])

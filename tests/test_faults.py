@@ -746,7 +746,7 @@ def test_study_report_names_a_record_with_bad_scores_in_one_line(case: str, tmp_
     record = load_study(path).record_dir("pascal", 1) / "record.json"
     damage(record, change)
     message = failing(capsys, "study", str(path), "--report")
-    assert message.startswith(f"1 damaged record(s), listed in the report; the first: {record} is damaged: {why}; "
+    assert message.startswith(f"1 damaged record, listed in the report; the first: {record} is damaged: {why}; "
                               f"restore it from version control (git checkout -- {record.parent})"), message
     text = (load_study(path).records / "report.md").read_text()
     assert "1 of 2 runs recorded" in text and f"- **pascal seed 1**: {record} is damaged: {why}" in text

@@ -244,7 +244,7 @@ def test_a_test_line_longer_than_the_model_reads_is_translated_truncated_and_sco
     scores = evaluate_run(tmp_path / "run", splits=["test"], device="cpu", quiet=True)
     err = capsys.readouterr().err
     assert scores["test"]["truncated_lines"] == [2] and scores["test"]["sentences"] == 3
-    assert "1 line(s) longer than the model's 63 source positions" in err and "(lines 2)" in err
+    assert "1 line longer than the model's 63 source positions was translated" in err and "(line 2)" in err
     assert len((tmp_path / "run" / "eval" / "test.hyp").read_text().splitlines()) == 3
 
 
@@ -299,7 +299,7 @@ def test_translating_a_long_raw_line_warns_and_keeps_every_line(tmp_path, capsys
     checkpoint = tiny_checkpoint(config, tmp_path / "model.pt")
     code, _, err = cli(capsys, "translate", "--checkpoint", str(checkpoint), "--input", str(tmp_path / "test.en"),
                        "--output", str(tmp_path / "out.txt"), "--device", "cpu", "--beam", "1")
-    assert code == 0 and f"{tmp_path / 'test.en'}: 1 line(s) longer" in err and "(lines 2)" in err
+    assert code == 0 and f"{tmp_path / 'test.en'}: 1 line longer" in err and "(line 2)" in err
     assert len((tmp_path / "out.txt").read_text().splitlines()) == 3
 
 

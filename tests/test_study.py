@@ -237,7 +237,7 @@ def test_same_machine_passes_a_matching_seed_and_refuses_on_precision_alone(reci
     monkeypatch.setattr(same_machine, "kind_here", lambda: "AMD EPYC (AVX512)")
     monkeypatch.setattr(same_machine, "precision_here", lambda *a: "bfloat16")
     assert same_machine.main([str(path), "pascal", "5", str(held)]) == 0
-    assert "2 record(s), all on AMD EPYC (AVX512)" in capsys.readouterr().out
+    assert "2 records, all on AMD EPYC (AVX512)" in capsys.readouterr().out
     monkeypatch.setattr(same_machine, "precision_here", lambda *a: "float32")  # same CPU, another precision
     assert same_machine.main([str(path), "pascal", "5", str(held)]) == 3
     assert "bfloat16, not float32: vanilla, pascal" in capsys.readouterr().out
@@ -273,7 +273,7 @@ def test_status_forecasts_the_runs_left_from_the_finished_runs_median():
 
     done = [row("done", 600), row("done", 1800), row("done", 3600)]
     text = format_status(done + [row("pending"), row("running"), row("failed")])
-    assert text.splitlines()[-1] == ("3 run(s) not done (1 running); at the finished runs' median of 30 min each, "
+    assert text.splitlines()[-1] == ("3 runs not done (1 running); at the finished runs' median of 30 min each, "
                                      "about 1.5 h of runs at that pace (less for a run that resumes)")
     assert "not done" not in format_status(done)  # nothing left
     assert "not done" not in format_status([row("pending")])  # nothing to go by
@@ -1012,7 +1012,7 @@ def test_status_time_left_honours_jobs_and_runs_in_progress(monkeypatch):
             row("interrupted", share_left=0.5), row("damaged")]
     one = format_status(rows).splitlines()[-1]
     # 600 + 1800 + 1800 + 900 = 5100 s of runs; the damaged record is not a run to do
-    assert one.startswith("4 run(s) not done (1 running, 1 with its time left from its log)")
+    assert one.startswith("4 runs not done (1 running, 1 with its time left from its log)")
     assert "about 1.4 h of runs at that pace" in one
     two = format_status(rows, jobs=2).splitlines()[-1]
     # places: [600 | 1800] -> [2400 | 1800] -> [2400 | 2700]: 0.75 h of wall time
@@ -1295,7 +1295,7 @@ def test_status_time_left_takes_the_pace_of_runs_recorded_on_this_cpu(monkeypatc
              "threads_setting": 0}]
     monkeypatch.setattr(study_module, "machine_here", lambda threads, jobs: ("Xeon", 2 // jobs))
     one = format_status(rows, jobs=1).splitlines()[-1]
-    assert "at the median of the 1 run(s) recorded on this CPU at 2 thread(s) of 60 min each" in one
+    assert "at the median of the 1 run recorded on this CPU at 2 threads of 60 min each" in one
     assert "about 1.0 h of runs" in one
     # two at a time here gives one thread each: no record at that pace, so every record's median
     two = format_status(rows, jobs=2).splitlines()[-1]
@@ -1471,7 +1471,7 @@ def test_the_report_lists_provenance_by_seed_and_warns_where_a_seed_mixes_machin
     assert "seed 2 pools" not in text
     # pascal seed 1 read other trees (its digest and its subset say so); seed 2 the study's
     (warning,) = [line for line in lines if "read other trees" in line]
-    assert "1 run(s) read other trees than the study's pinned trees" in warning
+    assert "1 run read other trees than the study's pinned trees" in warning
     assert "pascal seed 1: digest 00000000, and long-dependency subsets of other sentences (7 against" in warning
     assert text.index(warning) < text.index("## Scores")
     # the table: machine, cores, memory, GPU, threads (from the calls where the record says 0), commit, trees
@@ -1480,7 +1480,7 @@ def test_the_report_lists_provenance_by_seed_and_warns_where_a_seed_mixes_machin
             and line.split(" | ")[0][2:].isdigit()}
     assert rows[("| 2", "vanilla")][2:6] == ["AMD EPYC (AVX512)", "2", "7.8", "none"]
     assert rows[("| 1", "vanilla")][3:6] == ["-", "-", "-"]  # not recorded
-    assert rows[("| 2", "pascal")][7] == "2" and "0 thread(s)" not in text
+    assert rows[("| 2", "pascal")][7] == "2" and "0 thread" not in text
     assert rows[("| 1", "pascal")][8] == "bbbbbbb+dirty" and rows[("| 1", "pascal")][9].startswith("**other**")
     assert rows[("| 2", "pascal")][9] == f"pinned ({'a' * 8}) |" and rows[("| 1", "vanilla")][9] == "reads none |"
 

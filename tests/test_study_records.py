@@ -159,7 +159,7 @@ def test_a_hypothesis_file_of_the_wrong_length_is_damaged(case, tmp_path, capsys
     assert rows["pascal"]["state"] == "damaged" and rows["pascal"]["note"].startswith(why), rows["pascal"]
     assert rows["vanilla"]["state"] == "done"
     message = failing(capsys, "study", str(path), "--report")
-    assert message == f"1 damaged record(s), listed in the report; the first: {why}, or delete {record.parent} " \
+    assert message == f"1 damaged record, listed in the report; the first: {why}, or delete {record.parent} " \
                       "to run it again", message
     assert run_study(path, report=False)["runs"] == {"pascal/seed1": "damaged"}  # never trained over
     assert hyp.read_bytes() == change(text).encode("utf-8", "surrogateescape")

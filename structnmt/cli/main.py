@@ -283,7 +283,7 @@ def _no_damaged_records(study_file: str) -> None:
     study = load_study(study_file)
     damaged = [why for recipe, seed in study.runs() if (why := record_damage(study, recipe, seed)) is not None]
     if damaged:
-        raise DataError(f"{len(damaged)} damaged record(s), listed in the report; the first: {damaged[0]}")
+        raise DataError(f"{counted(len(damaged), 'damaged record')}, listed in the report; the first: {damaged[0]}")
 
 
 def cmd_study_compare(args: argparse.Namespace) -> int:

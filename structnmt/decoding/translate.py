@@ -23,6 +23,7 @@ from structnmt.data.pipeline import Preprocessor
 from structnmt.errors import DataError
 from structnmt.model.search import Hypothesis, target_vocab_size, translate_batch
 from structnmt.model.transformer import Transformer
+from structnmt.wording import counted
 
 #: float32 numbers one step of a beam search may hold in a tensor of scores (1 GiB): a batch whose
 #: sentences x beam x target vocabulary would pass it is cut into smaller ones
@@ -95,8 +96,9 @@ def _warn_truncated(source: str | Path, truncated: list[int], limit: int, note: 
     if not truncated:
         return
     shown = ", ".join(str(n) for n in truncated[:10]) + (" ..." if len(truncated) > 10 else "")
-    print(f"warning: {source}: {len(truncated)} line(s) longer than the model's {limit} source positions were "
-          f"translated from their first words only (lines {shown}){note}", file=sys.stderr)
+    print(f"warning: {source}: {counted(len(truncated), 'line')} longer than the model's {limit} source positions "
+          f"{'was' if len(truncated) == 1 else 'were'} translated from their first words only "
+          f"(line{'s' if len(truncated) > 1 else ''} {shown}){note}", file=sys.stderr)
 
 
 def translate_lines(model: Transformer, pre: Preprocessor, lines: list[str], cfg: DecodingConfig,
@@ -162,7 +164,8 @@ def translate_split(model: Transformer, dataset: ParallelDataset, pre: Preproces
         # lie past the cut), so the prefix is parsed again, which needs a parser that reads new text
         needs_trees = bool(fields["src"])
         if needs_trees and pre.side_cfg("src").parser.backend in ("conllu", "none"):
-            raise DataError(f"{len(long)} sentence(s) have more than {limit} sub-words (first: line "
+            raise DataError(f"{counted(len(long), 'sentence')} {'has' if len(long) == 1 else 'have'} more than "
+                            f"{limit} sub-words (first: line "
                             f"{int(long[0]) + 1}) and this model needs source trees that the dataset's parser "
                             "cannot make for a shortened sentence; raise model.max_positions", dataset.path,
                             int(long[0]) + 1)

@@ -154,7 +154,8 @@ def check_metrics(metrics: object, where: str = "metrics") -> tuple[str, ...]:
                           f"got {metrics!r}", where)
     unknown = [m for m in metrics if m not in METRICS]
     if unknown or not metrics:
-        what = f"unknown metric(s) {', '.join(map(repr, unknown))}" if unknown else "no metric given"
+        what = f"unknown metric{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}" if unknown \
+            else "no metric given"
         raise ConfigError(f"{what} (known: {', '.join(METRICS)})", where)
     return tuple(metrics)
 

@@ -17,6 +17,7 @@ from typing import Any
 
 from structnmt.config import check_count
 from structnmt.study.spec import Study, is_device, load_study
+from structnmt.wording import counted
 
 #: what leaving ``--jobs`` out means, said where 0 is refused
 JOBS_NOTE = " (leave it out for the study file's executor.jobs)"
@@ -221,9 +222,9 @@ def _time_left(rows: list[dict[str, Any]], jobs: int = 1, here: tuple[str, int] 
     if running:
         from_logs = sum(r.get("seconds_left") is not None for r in running)
         busy = f" ({len(running)} running{f', {from_logs} with its time left from its log' if from_logs else ''})"
-    whose = (f"the median of the {len(alike)} run(s) recorded on this CPU at {here[1]} thread(s)" if alike
-             else "the finished runs' median")
-    return (f"{len(todo)} run(s) not done{busy}; at {whose} of {median / 60:.0f} min each, "
+    whose = (f"the median of the {counted(len(alike), 'run')} recorded on this CPU at "
+             f"{counted(here[1], 'thread')}" if alike else "the finished runs' median")
+    return (f"{counted(len(todo), 'run')} not done{busy}; at {whose} of {median / 60:.0f} min each, "
             f"about {sum(each) / 3600:.1f} h of runs{wall} at that pace (less for a run that resumes)")
 
 
@@ -364,7 +365,7 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
                 results[f"{recipe}/seed{seed}"] = "failed"
             else:
                 runnable.append((recipe, seed))
-        _say(f"{len(runnable)} run(s) to do with the {kind} executor"
+        _say(f"{counted(len(runnable), 'run')} to do with the {kind} executor"
              + (f", {jobs} at a time" if kind == "local" else ""))
         if runnable and kind == "local":
             rows = [{"state": "done", "precision": p} for p in recorded]

@@ -37,6 +37,7 @@ from structnmt.study.runs import (
     write_failure,
 )
 from structnmt.study.spec import Study
+from structnmt.wording import counted
 
 #: a run process's exit status: 75 is the trainer's "stopped at a checkpoint"; one ended by SIGTERM
 #: or SIGINT before the trainer could catch it (still importing, say) was stopped too, not broken:
@@ -158,7 +159,8 @@ def check_device(study: Study, runs: list[tuple[str, int]]) -> None:
                               "use auto or cpu to run on the CPU", where, study.path)
         index = int(device.partition(":")[2] or 0)
         if index >= count:
-            raise ConfigError(f"{device} asked for, but this machine has {count} CUDA GPU(s)", where, study.path)
+            raise ConfigError(f"{device} asked for, but this machine has {counted(count, 'CUDA GPU')}", where,
+                              study.path)
 
 
 _COMMITTING = threading.Lock()  # one git call at a time: runs finish together, and git locks its index
@@ -203,7 +205,7 @@ def run_local(study: Study, runs: list[tuple[str, int]], jobs: int,
     check_device(study, runs)
     threads = threads_per_run(study.executor.threads, jobs)
     if study.executor.threads and threads < study.executor.threads:
-        print(f"[study] {jobs} runs at once on {_cores()} cores: {threads} thread(s) each instead of the "
+        print(f"[study] {jobs} runs at once on {_cores()} cores: {counted(threads, 'thread')} each instead of the "
               f"study file's executor.threads {study.executor.threads}", flush=True)
     results: dict[tuple[str, int], str] = {}
 

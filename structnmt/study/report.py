@@ -33,6 +33,7 @@ from structnmt.io import atomic_write_text
 from structnmt.study.provenance import known_calls, lines_digest
 from structnmt.study.runs import read_failure, read_record, record_damage, stale_reason
 from structnmt.study.spec import Study
+from structnmt.wording import counted
 
 NOT_TESTED = "not tested"
 LONGDEP = "_longdep"  # a test set's long-dependency subset is the test set ``<split>_longdep``
@@ -215,7 +216,7 @@ def long_dependency_subsets(study: Study, records: dict[str, dict[int, dict]]) -
             left.append(f"{split}: {where}")
             continue
         heads = [heads_of.get(text_key(moses.tokenise(s) if moses else s)[:TREES_FILE_KEY_BYTES].hex())
-                 for s in sources]
+                 if s.split() else [] for s in sources]  # an empty source (scored as such) has no arc
         if None in heads:
             left.append(f"{split}: line {heads.index(None) + 1} has no tree in the file")
             continue
@@ -561,8 +562,8 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
               f"structnmt study {study.path}            # runs what is missing, then writes this report",
               f"structnmt study {study.path} --status   # where every run stands",
               f"structnmt study {study.path} {report_flags}   # this report from the records", "```", ""]
-    machines = sorted({f"{cpu_kind(r)}, {r.get('device')}, {r.get('precision')}, {_threads(r)} thread(s)"
-                       for r in all_records})
+    machines = sorted({f"{cpu_kind(r)}, {r.get('device')}, {r.get('precision')}, {_threads(r)} "
+                       f"thread{'' if _threads(r) == '1' else 's'}" for r in all_records})
     if machines:
         lines += ["Where the runs trained: " + "; ".join(machines) + ".", ""]
     sigs = sorted({s for rows in table.values() for row in rows.values() for s in row["signature"].values()})
@@ -834,7 +835,7 @@ def provenance_warnings(study: Study, records: dict[str, dict[int, dict]],
                  "the trees most runs of their dataset read")
         count = sum(len(runs) for runs in other.values())
         named = "; ".join(", ".join(runs) + f": {why}" for why, runs in other.items())
-        out.append(f"- **Warning: {count} run(s) read other trees than {whose}**, {named}. "
+        out.append(f"- **Warning: {counted(count, 'run')} read other trees than {whose}**, {named}. "
                    "Their scores are pooled with the others' all the same.")
     return out
 

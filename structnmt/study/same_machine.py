@@ -25,6 +25,7 @@ from typing import Any
 from structnmt.study import precision_here
 from structnmt.study.report import cpu_kind, machine_kinds
 from structnmt.study.spec import Study, load_study
+from structnmt.wording import counted
 
 
 def kind_here() -> str:
@@ -80,7 +81,7 @@ def check(study: str, recipe: str, seed: int, held: Path | None) -> tuple[int, s
     records = seed_records(spec, seed, held)
     other = other_kinds(records, here, precision)
     if not other:
-        return SAME, (f"seed {seed}: {len(records)} record(s), all on {here}"
+        return SAME, (f"seed {seed}: {counted(len(records), 'record')}, all on {here}"
                       + (f", none in another precision than {precision}" if precision else ""))
     named = "; ".join(f"{kind}: {', '.join(recipes)}" for kind, recipes in other.items())
     in_precision = f"in {precision}" if precision else "precision unknown"

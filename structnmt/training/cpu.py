@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 import time
 
+from structnmt.wording import counted
+
 
 def available_cores() -> int:
     """Cores this process may run on (its affinity mask), not those of the whole machine."""
@@ -68,13 +70,13 @@ def choose_threads(sample_s: float = 0.5) -> tuple[int, str]:
     cores = available_cores()
     busy = busy_cores(sample_s)
     if busy is None:
-        return cores, f"{cores} CPU thread(s) (the load of other processes cannot be measured here)"
+        return cores, f"{counted(cores, 'CPU thread')} (the load of other processes cannot be measured here)"
     free = max(0.0, cores - busy)
     threads = max(1, min(cores, int(free + 0.5)))
     if threads == cores:
-        return threads, f"{threads} CPU thread(s): all {cores} cores are free"
-    return threads, (f"{threads} CPU thread(s): other processes keep about {busy:.1f} of the {cores} cores busy "
-                     "(more threads than free cores stall each other)")
+        return threads, f"{counted(threads, 'CPU thread')}: all {cores} cores are free"
+    return threads, (f"{counted(threads, 'CPU thread')}: other processes keep about {busy:.1f} of the {cores} "
+                     "cores busy (more threads than free cores stall each other)")
 
 
 class StallWatch:

@@ -19,6 +19,7 @@ import torch
 
 from structnmt.errors import ConfigError
 from structnmt.training import distributed as D
+from structnmt.wording import counted
 
 
 def pick_device(spec: str, ctx: D.DistContext) -> torch.device:
@@ -137,7 +138,7 @@ def data_workers(spec: int | str, device: torch.device, processes_here: int = 1,
     if threads > 0:
         own = min(own, threads)
     workers = max(0, min(2, own - 1))
-    return workers, f"{workers} (auto: {own} core(s) for this process on a GPU)"
+    return workers, f"{workers} (auto: {counted(own, 'core')} for this process on a GPU)"
 
 
 def seed_everything(seed: int) -> None:

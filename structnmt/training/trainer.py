@@ -79,6 +79,7 @@ from structnmt.training.environment import data_workers, pick_device, rng_state,
 from structnmt.training.logger import RunLogger, TrainWindow, dataset_parsers, rewind_log, write_run_files
 from structnmt.training.updater import Updater, UpdateStats
 from structnmt.training.validation import improved, metric_name, validate
+from structnmt.wording import counted
 
 #: updates a GPU run leaves unread at most (their statistics wait on the device)
 MAX_UNREAD = 256
@@ -345,7 +346,7 @@ class Trainer:
         log.log("event", {"event": "compile", "step": step, "graphs": stats.compiled,
                           "graphs_total": self.compiles, "seconds": round(seconds, 1)})
         what = "compiled" if self.compiles == stats.compiled else "recompiled (a new batch shape or branch)"
-        log.message(f"step {step}: torch.compile {what}: {stats.compiled} graph(s) in "
+        log.message(f"step {step}: torch.compile {what}: {counted(stats.compiled, 'graph')} in "
                     f"{seconds:.1f} s ({self.compiles} so far)")
 
     def _next_group(self, stream: Iterator[tuple[int, int, int, Batch]]) -> tuple[list[Batch], bool]:
