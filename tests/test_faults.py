@@ -1373,7 +1373,7 @@ def test_a_validation_split_emptied_by_cleaning_is_refused(tmp_path: Path, capsy
     config = with_split(plain_experiment(tmp_path, src, tgt), "val", src[:5], [""] * 5)
     message = failing(capsys, "prepare", str(config))
     assert message == (f"{tmp_path / 'val.en'}: no sentence pair of the val split is left after cleaning "
-                       "(dropped: {'empty': 5}); every split needs at least one")
+                       "(dropped: empty 5); every split needs at least one")
     assert not (tmp_path / "dataset").exists()
 
 

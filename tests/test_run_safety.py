@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from structnmt.errors import CheckpointError
+from structnmt.errors import CheckpointError, DataError
 from structnmt.io import atomic_write_text
 from structnmt.locks import DirectoryLock, LockedError, holder, lock_file
 from structnmt.training.checkpoint import verify_checkpoint
@@ -257,8 +257,9 @@ def test_a_test_line_with_an_empty_source_is_scored_in_its_place(tmp_path, capsy
     from structnmt.data.dataset import ParallelDataset
     from structnmt.evaluation.run_eval import evaluate_run
 
-    src = ["The dog sees a cat .", "", "a b c d e f g h i", "A cat likes the bird .", "The bird sees a dog ."]
-    tgt = ["Der Hund sieht eine Katze .", "Ein Hund schläft .", "a b c", "", "Der Vogel sieht einen Hund ."]
+    src = ["The dog sees a cat .", "", "a b c d e f g h i", "A cat likes the bird .", "The bird sees a dog .",
+           "The dog " * 40 + "sees a cat ."]
+    tgt = ["Der Hund sieht eine Katze .", "Ein Hund schläft .", "a b c", "", "Der Vogel sieht einen Hund .", "Hund"]
     (tmp_path / "test.en").write_text("".join(s + "\n" for s in src))
     (tmp_path / "test.de").write_text("".join(s + "\n" for s in tgt))
     trees = []
@@ -276,21 +277,35 @@ def test_a_test_line_with_an_empty_source_is_scored_in_its_place(tmp_path, capsy
     assert code == 0
     assert f"test: {tmp_path / 'test.en'} line 2 has an empty source: `structnmt test` scores it in its place" in out
     assert f"test: warning: {tmp_path / 'test.de'} line 4 has an empty reference: dropped, and not scored" in out
-    assert "test: kept 3 of 5 pairs; dropped empty 2; 1 of them kept aside for `test` (empty source)" in out
+    assert "test: kept 4 of 6 pairs; dropped empty 2; the 1 with an empty source kept aside for `test`" in out
     data = ParallelDataset(tmp_path / "dataset", "test")
-    assert len(data) == 3 and [p["line"] for p in data.set_aside()] == [2]
-    assert data.scored_raw("tgt") == [tgt[0], tgt[1], tgt[2], tgt[4]] and data.scored_positions() == [0, 2, 3]
+    assert len(data) == 4 and [p["line"] for p in data.set_aside()] == [2]
+    assert data.scored_raw("tgt") == [tgt[0], tgt[1], tgt[2], tgt[4], tgt[5]]
+    assert data.scored_positions() == [0, 2, 3, 4]
     (tmp_path / "run").mkdir()
     tiny_checkpoint(config, tmp_path / "run" / "last.pt")
     scores = evaluate_run(tmp_path / "run", splits=["test"], device="cpu", quiet=True, long_dependency=7)
     hyps = (tmp_path / "run" / "eval" / "test.hyp").read_text().splitlines()
     refs = (tmp_path / "run" / "eval" / "test.ref").read_text().splitlines()
-    assert len(hyps) == 4 and hyps[1] == "" and refs == data.scored_raw("tgt")
-    assert scores["test"]["sentences"] == 4 and scores["test"]["empty_source_lines"] == [2]
+    assert len(hyps) == 5 and hyps[1] == "" and refs == data.scored_raw("tgt")
+    assert scores["test"]["sentences"] == 5 and scores["test"]["empty_source_lines"] == [2]
+    assert scores["test"]["truncated_lines"] == [5]  # line 5 of eval/test.hyp, the 4th stored pair
     assert scores["test"]["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
-    # the one sentence with an arc of 8 words is line 3 of the scored set (the second stored pair)
-    assert scores["test_longdep"]["lines"] == [3] and scores["test_longdep"]["sentences"] == 1
-    assert (tmp_path / "run" / "eval" / "test_longdep.ref").read_text() == "a b c\n"
+    # the sentences with an arc of 7+ words are lines 3 and 5 of the scored set (stored pairs 2 and 4)
+    assert scores["test_longdep"]["lines"] == [3, 5] and scores["test_longdep"]["sentences"] == 2
+    assert (tmp_path / "run" / "eval" / "test_longdep.ref").read_text() == "a b c\nHund\n"
+    # a dataset prepared before empty sources were kept aside: its test says what it leaves out
+    meta = json.loads((tmp_path / "dataset" / "meta.json").read_text())
+    del meta["splits"]["test"]["set_aside"]
+    (tmp_path / "dataset" / "meta.json").write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert evaluate_run(tmp_path / "run", splits=["test"], device="cpu", quiet=True)["test"]["sentences"] == 4
+    assert "warning: test: 2 pairs with an empty side were dropped when this dataset was prepared and are not " \
+           "scored; `structnmt prepare --force` keeps" in capsys.readouterr().err
+    meta["splits"]["test"]["set_aside"] = [{"line": 2, "at": 5, "src": "", "tgt": "x"}]  # past the 4 stored rows
+    (tmp_path / "dataset" / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(DataError, match=r"splits.test.set_aside is damaged \(each needs its place 'at'"):
+        evaluate_run(tmp_path / "run", splits=["test"], device="cpu", quiet=True)
 
 
 def test_translating_a_long_raw_line_warns_and_keeps_every_line(tmp_path, capsys):

@@ -479,7 +479,14 @@ class ParallelDataset:
     def set_aside(self) -> list[dict]:
         """The pairs of this evaluation split that prepare kept out of the arrays for an empty
         source, each with its file ``line``, its place among the stored pairs (``at``) and its texts."""
-        return list((self.meta.get("splits", {}).get(self.split) or {}).get("set_aside", []))
+        pairs = list((self.meta.get("splits", {}).get(self.split) or {}).get("set_aside", []))
+        places = [pair.get("at") if isinstance(pair, dict) else None for pair in pairs]
+        if not all(isinstance(at, int) and 0 <= at <= len(self) for at in places) or places != sorted(places) \
+                or not all(isinstance(pair.get(side), str) for pair in pairs for side in SIDES):
+            raise DataError(f"splits.{self.split}.set_aside is damaged (each needs its place 'at', in order, "
+                            f"between 0 and {len(self)}, and its texts); prepare the dataset again with --force",
+                            self.dir / "meta.json")
+        return pairs
 
     def scored_raw(self, side: str) -> list[str]:
         """One side of every line a test scores: the stored pairs' raw text with the set-aside pairs

@@ -160,21 +160,21 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
         if report["bad_line"] > len(bad_lines):
             say(f"{split}: ... and {counted(report['bad_line'] - len(bad_lines), 'more bad line')} dropped")
         if blank := [n for n, side in empty if side == "src"]:
-            say(f"{split}: {_lines(blank, split_paths(files)['src'])} an empty source: `structnmt test` scores "
-                f"{'it' if len(blank) == 1 else 'each'} in its place as an empty translation")
+            which = "validation leaves it out, " if split == data.valid_split else ""
+            say(f"{split}: {_lines(blank, split_paths(files)['src'])} an empty source: {which}`structnmt test` "
+                f"scores {'it' if len(blank) == 1 else 'each'} in its place as an empty translation")
         if unreferenced := [n for n, side in empty if side == "tgt"]:
             say(f"{split}: warning: {_lines(unreferenced, split_paths(files)['tgt'])} an empty reference: "
                 "dropped, and not scored by `structnmt test` (give it a reference, or remove it from both files)")
         splits[split] = {"lines": report["read"], "clean": {k: report[k] for k in (*DROP_REASONS, "read", "kept")}}
     train = splits[data.train_split]["clean"]
     if not train["kept"]:
-        dropped = {k: v for k, v in train.items() if k not in ("read", "kept") and v}
-        raise DataError(f"no sentence pair of the training split is left after cleaning (dropped: {dropped})",
+        raise DataError(f"no sentence pair of the training split is left after cleaning (dropped: {_dropped(train)})",
                         split_path(data.splits[data.train_split]))
     for split, info in splits.items():  # an empty evaluation split would only fail later, in `train`
         if not info["clean"]["kept"]:
-            dropped = {k: v for k, v in info["clean"].items() if k not in ("read", "kept") and v}
-            raise DataError(f"no sentence pair of the {split} split is left after cleaning (dropped: {dropped}); "
+            raise DataError(f"no sentence pair of the {split} split is left after cleaning (dropped: "
+                            f"{_dropped(info['clean'])}); "
                             "every split needs at least one", split_path(data.splits[split]))
     seconds["read_clean"] = time.perf_counter() - clock
 
@@ -206,6 +206,11 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
     }
     atomic_write_text(work / "plan.json", json.dumps(plan, indent=2, ensure_ascii=False) + "\n")
     return plan
+
+
+def _dropped(clean: dict[str, int]) -> str:
+    """A split's drops by reason, for a message: "empty 2, bad_line 1" ("" when none)."""
+    return ", ".join(f"{reason} {count}" for reason, count in clean.items() if reason not in ("read", "kept") and count)
 
 
 def _lines(numbers: list[int], path: str) -> str:
@@ -418,7 +423,7 @@ def encode_shard(data: DataConfig, plan: dict, models_dir: Path, out: Path, inde
                     shown += 1
             stats = writer.close()
         if shown > SHOW_DROPPED:
-            say(f"{split}: ... and {shown - SHOW_DROPPED} more dropped sentences")
+            say(f"{split}: ... and {counted(shown - SHOW_DROPPED, 'more dropped sentence')}")
         labels = stats["labels"]
         parts = [{"dir": split, "n": stats["n"], "tokens": stats["tokens"], "fields": stats["fields"]}]
         if twins_writer is not None:
@@ -429,7 +434,7 @@ def encode_shard(data: DataConfig, plan: dict, models_dir: Path, out: Path, inde
                                    "clean": {k: report[k] for k in (*DROP_REASONS, "read", "kept")}
                                    | {k: v for k, v in report.items() if k not in (*DROP_REASONS, "read", "kept")},
                                    "parts": parts, "labels_after": len(labels)}
-        if empty:
+        if evaluated and report["empty"]:  # the key says the empty sources were looked for, even if none
             record["splits"][split]["set_aside"] = set_aside_entries(empty, written)
     record["labels"] = labels
     record["parser_info"] = {side: pre.parser_info(side) for side in SIDES}
@@ -526,14 +531,14 @@ def assemble(data: DataConfig, plan: dict, shards: list[tuple[Path, dict]], out:
             entry = record["splits"][split]
             set_aside += [{**pair, "at": pair["at"] + stored} for pair in entry.get("set_aside", [])]
             stored += entry["parts"][0]["n"]
-        if set_aside:
-            splits[split]["set_aside"] = set_aside
+        if any("set_aside" in record["splits"][split] for record in records) and \
+                all("set_aside" in r["splits"][split] for r in records if r["splits"][split]["clean"]["empty"]):
+            splits[split]["set_aside"] = set_aside  # (a shard of an older structnmt recorded none: `test` warns)
         if verbose:
-            dropped = {k: v for k, v in splits[split]["clean"].items() if k not in ("read", "kept") and v}
             kept = splits[split]["clean"]["kept"]
             extra = f" (+{n - kept} parse examples)" if n - kept else ""
-            listed = ", ".join(f"{reason} {count}" for reason, count in dropped.items())
-            aside = f"; {len(set_aside)} of them kept aside for `test` (empty source)" if set_aside else ""
+            listed = _dropped(splits[split]["clean"])
+            aside = f"; the {len(set_aside)} with an empty source kept aside for `test`" if set_aside else ""
             say(f"{split}: kept {kept} of {splits[split]['clean']['read']} pairs{extra}; "
                 f"dropped {listed or 'none'}{aside}")
     return {"splits": splits, "labels": labels}

@@ -97,7 +97,8 @@ def _warn_truncated(source: str | Path, truncated: list[int], limit: int, note: 
         return
     shown = ", ".join(str(n) for n in truncated[:10]) + (" ..." if len(truncated) > 10 else "")
     print(f"warning: {source}: {counted(len(truncated), 'line')} longer than the model's {limit} source positions "
-          f"{'was' if len(truncated) == 1 else 'were'} translated from their first words only "
+          f"{'was' if len(truncated) == 1 else 'were'} translated from {'its' if len(truncated) == 1 else 'their'} "
+          "first words only "
           f"(line{'s' if len(truncated) > 1 else ''} {shown}){note}", file=sys.stderr)
 
 

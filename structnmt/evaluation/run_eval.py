@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from structnmt.errors import CheckpointError, DataError
 from structnmt.io import atomic_write_text
+from structnmt.wording import counted
 
 
 def run_checkpoint(run_dir: Path, checkpoint: str | Path | None = None) -> Path:
@@ -90,6 +92,10 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
         seconds = time.perf_counter() - started
         set_aside = data.set_aside()  # empty sources prepare kept out of the arrays: empty translations
         hyps = with_set_aside(stored, set_aside, lambda _pair: "")
+        if set_aside:  # stored rows -> lines of the scored set, as every line number of eval/ counts
+            places = data.scored_positions()
+            truncated = [places[n - 1] + 1 for n in truncated]
+        _warn_unscored(split, data.meta.get("splits", {}).get(split) or {})
         refs = data.scored_raw("tgt")
         scores = corpus_scores(hyps, [refs], metrics=("bleu", "chrf"))
         scores.update({"checkpoint": str(ckpt), "beam": settings.beam, "sentences": len(hyps), "seconds": seconds,
@@ -102,10 +108,21 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
             parts = scores["bleu_parts"]
             ratio = f"{parts['ratio']:.3f}" if parts["ratio"] is not None else "-"
             print(f"{split}: BLEU {scores['bleu']:.2f} (BP {parts['bp']:.3f}, length ratio {ratio})  "
-                  f"chrF {scores['chrf']:.2f}  ({len(hyps)} sentences, {seconds:.1f}s)  {scores['signature']['bleu']}")
+                  f"chrF {scores['chrf']:.2f}  ({counted(len(hyps), 'sentence')}, {seconds:.1f}s)  "
+                  f"{scores['signature']['bleu']}")
         if long_dependency and data.has("src", "heads"):
             results.update(_long_dependency(run_dir, split, data, stored, long_dependency, quiet))
     return results
+
+
+def _warn_unscored(split: str, info: dict[str, Any]) -> None:
+    """A dataset prepared before empty sources were kept aside dropped them unrecorded: say so."""
+    empty = (info.get("clean") or {}).get("empty", 0)
+    if empty and "set_aside" not in info:
+        was, are = ("was", "is") if empty == 1 else ("were", "are")
+        print(f"warning: {split}: {counted(empty, 'pair')} with an empty side {was} dropped when this dataset was "
+              f"prepared and {are} not scored; `structnmt prepare --force` keeps lines with an empty source, which "
+              "`test` then scores as empty translations", file=sys.stderr)
 
 
 def _long_dependency(run_dir: Path, split: str, data, hyps: list[str], threshold: int,
@@ -128,6 +145,6 @@ def _long_dependency(run_dir: Path, split: str, data, hyps: list[str], threshold
                    "lines": [places[i] + 1 for i in chosen]})
     _write_set(run_dir / "eval", name, sub_hyps, sub_refs, [sources[i] for i in chosen], scores)
     if not quiet:
-        print(f"{name}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({len(chosen)} sentences with an "
-              f"arc of {threshold}+ words)")
+        print(f"{name}: BLEU {scores['bleu']:.2f}  chrF {scores['chrf']:.2f}  ({counted(len(chosen), 'sentence')} "
+              f"with an arc of {threshold}+ words)")
     return {name: scores}

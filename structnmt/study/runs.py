@@ -284,7 +284,8 @@ def _long_dependency_lines(data_dir: str, split: str, threshold: int) -> list[in
             data = ParallelDataset(data_dir, split)
             if data.has("src", "heads"):
                 heads = [data.side_arrays(i, "src")["heads"].tolist() for i in range(len(data))]
-                _SUBSETS[key] = [i + 1 for i in long_dependency_subset(heads, threshold)]
+                places = data.scored_positions()  # as `test` numbers them: in the scored set
+                _SUBSETS[key] = [places[i] + 1 for i in long_dependency_subset(heads, threshold)]
     return _SUBSETS[key]
 
 
