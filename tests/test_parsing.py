@@ -382,3 +382,33 @@ def test_spacy_parsing_leaves_no_new_strings_behind() -> None:
     trees = parser.parse([f"Walker zq{k}x met Mr. Kw{k}lo on day {1000 + k} ." for k in range(50)])
     assert len(parser.nlp.vocab.strings) == strings
     assert trees[7].words[1] == "zq7x" and trees[7].text.endswith("day 1007 .")  # copied out of the zone intact
+
+
+def test_conllu_sentences_follow_the_non_blank_lines_where_the_file_has_one_for_each(tmp_path: Path) -> None:
+    """A parser run over a text with blank lines writes no sentence for them; a file with one
+    sentence per line (a placeholder for each blank one) is read line by line as before."""
+    from structnmt.data.parsing.conllu_backend import ConlluParser
+
+    lines = ["a dog", "", "the cat", "a bird", "  ", "the child"]
+    text = tmp_path / "test.en"
+    text.write_text("".join(line + "\n" for line in lines))
+
+    def block(words: list[str]) -> str:
+        return "".join(f"{i}\t{w}\t_\t_\t_\t_\t{0 if i == 1 else 1}\t{'root' if i == 1 else 'dep'}\t_\t_\n"
+                       for i, w in enumerate(words, 1)) + "\n"
+
+    kept = [(n, line) for n, line in enumerate(lines, 1) if line.strip()]
+    for name, blocks in (("skipping", [block(line.split()) for _, line in kept]),
+                         ("placeholders", [block(line.split() or ["x"]) for line in lines])):
+        (tmp_path / f"{name}.conllu").write_text("".join(blocks))
+        parser = ConlluParser(tmp_path / f"{name}.conllu")
+        parser.follow(text)
+        trees = parser.parse([line for _, line in kept], [n for n, _ in kept])
+        assert [tree.words for tree in trees] == [line.split() for _, line in kept], name
+        assert parser.extra_sentences(len(lines), text) is None
+    # neither one per line nor one per non-blank line: read line by line, and a mismatch is named
+    (tmp_path / "short.conllu").write_text(block(["a", "dog"]) + block(["the", "cat"]))
+    parser = ConlluParser(tmp_path / "short.conllu")
+    parser.follow(text)
+    with pytest.raises(DataError, match="the text has a sentence on line 3 but the file has only 2 sentences"):
+        parser.parse(["the cat"], [3])

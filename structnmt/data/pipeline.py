@@ -123,6 +123,10 @@ class Preprocessor:
             where = f"data.{side}.parser"
             if cfg.backend == "conllu":
                 parser = make_parser(cfg, split, self.data.processes, where)
+                files = self.data.splits.get(split)
+                text = getattr(files, side, None) if files is not None and files.tsv is None else None
+                if text is not None and Path(text).is_file():
+                    parser.follow(text)  # type: ignore[union-attr]  # one sentence per (non-blank) line
             else:
                 if side not in self._shared:
                     # a pinned cache whose file names its convention needs no parser (a fresh

@@ -1,7 +1,9 @@
 """Stored parses read from a CoNLL-U file (``data.<side>.parser.backend: conllu``).
 
 The file holds one sentence per line of the split's text file, in order (sentence n
-parses line n), so gold or externally produced trees can be used. The tree's words are
+parses line n), so gold or externally produced trees can be used. A file with one sentence
+per non-blank line, as a parser run over a text with blank lines writes it, is read so:
+sentence n then parses the n-th non-blank line (:meth:`ConlluParser.follow`). The tree's words are
 the file's syntactic words; their character spans are found by locating each word, in
 order, in the raw line while ignoring whitespace. A multi-word token ("du" = "de le")
 is located by its surface form. By default it becomes one tree word (the surface form,
@@ -15,6 +17,7 @@ stops with the CoNLL-U file and the line the sentence starts on.
 
 from __future__ import annotations
 
+import bisect
 from pathlib import Path
 
 import conllu
@@ -81,25 +84,40 @@ class ConlluParser:
         self.name = f"conllu:{self.path.name}"
         self.version = sha256_file(self.path)[:16]
         self.convention: Convention = convention or "ud"
+        self._blank: list[int] = []  # the text's blank lines, when sentences follow its non-blank lines
+        self._text_blank = 0  # how many blank lines the text has
+
+    def follow(self, text_file: str | Path) -> None:
+        """Match sentences to the lines of ``text_file``: one per line (blank ones included), or,
+        where the file has exactly one per non-blank line, one per non-blank line."""
+        blank, lines = [], 0
+        with open(text_file, "rb") as handle:
+            for lines, raw in enumerate(handle, start=1):
+                if not raw.decode("utf-8", "replace").split():
+                    blank.append(lines)
+        self._blank = blank if blank and len(self.blocks) == lines - len(blank) else []
+        self._text_blank = len(blank)
 
     def parse(self, texts: list[str], lines: list[int] | None = None) -> list[DepTree]:
         numbers = lines if lines is not None else list(range(1, len(texts) + 1))
         trees = []
         for text, number in zip(texts, numbers):
-            if not 1 <= number <= len(self.blocks):
+            index = number - bisect.bisect_left(self._blank, number)  # 1-based, past the blank lines before
+            if not 1 <= index <= len(self.blocks):
                 raise DataError(f"the text has a sentence on line {number} but the file has only "
                                 f"{len(self.blocks)} sentences", self.path)
-            start, block = self.blocks[number - 1]
+            start, block = self.blocks[index - 1]
             trees.append(self.sentence_tree(block, text, start))
         return trees
 
     def extra_sentences(self, lines: int, text_file: str | Path) -> DataError | None:
         """The error for sentences past the text's ``lines`` lines (``parse`` never reads them,
         and they mean the parses and the lines do not match), or None when there are none."""
-        if len(self.blocks) <= lines:
+        if len(self.blocks) <= lines - len(self._blank):
             return None
+        other = f", or one per non-blank line ({lines - self._text_blank})" if self._text_blank else ""
         return DataError(f"sentence {lines + 1} starts here, but the text {text_file} has only {lines} lines "
-                         f"(the file has {len(self.blocks)} sentences, one per line is expected)",
+                         f"(the file has {len(self.blocks)} sentences, one per line is expected{other})",
                          self.path, self.blocks[lines][0])
 
     def sentence_tree(self, block: str, text: str, line: int) -> DepTree:
