@@ -295,6 +295,16 @@ def test_a_test_line_with_an_empty_source_is_scored_in_its_place(tmp_path, capsy
     # the sentences with an arc of 7+ words are lines 3 and 5 of the scored set (stored pairs 2 and 4)
     assert scores["test_longdep"]["lines"] == [3, 5] and scores["test_longdep"]["sentences"] == 2
     assert (tmp_path / "run" / "eval" / "test_longdep.ref").read_text() == "a b c\nHund\n"
+    # a line of the scored set, as eval/test.* number them, is what `plot attention --line` draws
+    import structnmt
+    from structnmt.visualisation.model_attention import plot_model_attention
+
+    translator = structnmt.load(tmp_path / "run" / "last.pt", "cpu")
+    with pytest.raises(DataError, match="line 2 has an empty source: there is no attention to draw"):
+        plot_model_attention(translator, tmp_path / "two.png", line=2)
+    with pytest.raises(DataError, match=r"line 6 is outside 1\.\.5"):
+        plot_model_attention(translator, tmp_path / "six.png", line=6)
+    assert plot_model_attention(translator, tmp_path / "three.png", line=3).stat().st_size > 0
     # a dataset prepared before empty sources were kept aside: its test says what it leaves out
     meta = json.loads((tmp_path / "dataset" / "meta.json").read_text())
     del meta["splits"]["test"]["set_aside"]

@@ -456,7 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--checkpoint", required=True)
     which = a.add_mutually_exclusive_group(required=True)
     which.add_argument("--sentence", help="raw source text")
-    which.add_argument("--line", type=int, help="1-based line of a prepared split (uses its stored trees)")
+    which.add_argument("--line", type=int, help="1-based line of a prepared split, as RUN/eval/SPLIT.* number them "
+                       "(uses its stored trees)")
     a.add_argument("--split", default="test", help="with --line")
     a.add_argument("--attention", choices=["encoder", "cross"], default="encoder")
     a.add_argument("--layer", type=int, default=1, help="1-based")

@@ -70,9 +70,13 @@ def plot_model_attention(translator: Translator, out: str | Path, sentence: str 
             scene_members = example.src.scenes.members if example.src.scenes is not None else None
     else:  # a sentence of a prepared split, with its stored structure
         data = ParallelDataset(translator.dataset_dir, split)
-        if not 1 <= line <= len(data):  # type: ignore[operator]
-            raise DataError(f"line {line} is outside 1..{len(data)}", data.path)
-        i = line - 1  # type: ignore[operator]
+        places = data.scored_positions()  # lines count as in eval/<split>.*, set-aside empty sources included
+        total = len(data) + len(data.set_aside())
+        if not 1 <= line <= total:  # type: ignore[operator]
+            raise DataError(f"line {line} is outside 1..{total}", data.path)
+        if line - 1 not in places:  # type: ignore[operator]
+            raise DataError(f"line {line} has an empty source: there is no attention to draw", data.path)
+        i = places.index(line - 1)  # type: ignore[operator]
         full = collate(data, np.array([i]), fields)
         batch = Batch(full.src, struct={"src": full.struct["src"], "tgt": {}})
         arrays = data.side_arrays(i, "src")
