@@ -91,18 +91,19 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
                                  labels=translator.labels, truncated=truncated)
         seconds = time.perf_counter() - started
         set_aside = data.set_aside()  # empty sources prepare kept out of the arrays: empty translations
+        sources, targets = data.raw("src"), data.raw("tgt")  # the stored pairs' texts, read once
         hyps = with_set_aside(stored, set_aside, lambda _pair: "")
-        if set_aside:  # stored rows -> lines of the scored set, as every line number of eval/ counts
-            places = data.scored_positions()
-            truncated = [places[n - 1] + 1 for n in truncated]
+        refs = with_set_aside(targets, set_aside, lambda pair: pair["tgt"])
+        places = data.scored_positions()  # stored rows -> lines of the scored set, as eval/ numbers them
+        truncated = [places[n - 1] + 1 for n in truncated]
         _warn_unscored(split, data.meta.get("splits", {}).get(split) or {})
-        refs = data.scored_raw("tgt")
         scores = corpus_scores(hyps, [refs], metrics=("bleu", "chrf"))
         scores.update({"checkpoint": str(ckpt), "beam": settings.beam, "sentences": len(hyps), "seconds": seconds,
                        "truncated_lines": truncated})
         if set_aside:
             scores["empty_source_lines"] = [pair["line"] for pair in set_aside]
-        _write_set(run_dir / "eval", split, hyps, refs, data.scored_raw("src"), scores)
+        _write_set(run_dir / "eval", split, hyps, refs, with_set_aside(sources, set_aside, lambda pair: pair["src"]),
+                   scores)
         results[split] = scores
         if not quiet:
             parts = scores["bleu_parts"]
@@ -111,7 +112,8 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
                   f"chrF {scores['chrf']:.2f}  ({counted(len(hyps), 'sentence')}, {seconds:.1f}s)  "
                   f"{scores['signature']['bleu']}")
         if long_dependency and data.has("src", "heads"):
-            results.update(_long_dependency(run_dir, split, data, stored, long_dependency, quiet))
+            results.update(_long_dependency(run_dir, split, data, (stored, targets, sources), places,
+                                            long_dependency, quiet))
     return results
 
 
@@ -125,11 +127,12 @@ def _warn_unscored(split: str, info: dict[str, Any]) -> None:
               "`test` then scores as empty translations", file=sys.stderr)
 
 
-def _long_dependency(run_dir: Path, split: str, data, hyps: list[str], threshold: int,
-                     quiet: bool) -> dict[str, dict]:
+def _long_dependency(run_dir: Path, split: str, data, texts: tuple[list[str], list[str], list[str]],
+                     places: list[int], threshold: int, quiet: bool) -> dict[str, dict]:
     """Score the sentences whose source parse has an arc of ``threshold`` words or more as a
     test set of its own (``<split>_longdep``), chosen from the stored parse, so reproducibly.
-    ``hyps`` are the stored pairs' translations; ``lines`` count in the whole scored set."""
+    ``texts``: the stored pairs' (hypotheses, references, sources); ``places``: each one's line
+    in the whole scored set, as ``lines`` counts."""
     from structnmt.evaluation.challenge import long_dependency_subset
     from structnmt.evaluation.scores import corpus_scores
 
@@ -138,7 +141,7 @@ def _long_dependency(run_dir: Path, split: str, data, hyps: list[str], threshold
     if not chosen:
         return {}
     name = f"{split}_longdep"
-    sources, refs, places = data.raw("src"), data.raw("tgt"), data.scored_positions()
+    hyps, refs, sources = texts
     sub_hyps, sub_refs = [hyps[i] for i in chosen], [refs[i] for i in chosen]
     scores = corpus_scores(sub_hyps, [sub_refs], metrics=("bleu", "chrf"))
     scores.update({"subset_of": split, "threshold": threshold, "sentences": len(chosen),
