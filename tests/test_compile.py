@@ -174,10 +174,32 @@ def test_every_methods_compiled_part_of_an_update_is_one_graph(dataset, case):
     updater = Updater(model, cfg, torch.device("cpu"))
     batch = batches(dataset, "train", model, max_tokens=400, multiple=8)[0]
     step = torch.compile(updater._forward_loss, backend="eager", fullgraph=True)
+    kept = _tensors_kept_by(model)
     total, loss, nll, aux = step(batch)
     total.backward()
     assert torch.isfinite(total) and total.requires_grad
     assert any(p.grad is not None for p in model.parameters())
+    # a tensor the compiled step leaves on the model is an output of its CUDA graph, which the
+    # next replay overwrites: on a GPU the next update fails ("accessing tensor output of
+    # CUDAGraphs that has been overwritten"), as DBSA's lazily kept head index once did
+    left = {where for where, t in _tensors_kept_by(model).items() if kept.get(where) is not t}
+    assert not left, f"the compiled step left tensors on the model: {sorted(left)}"
+
+
+def _tensors_kept_by(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Tensors the model's modules hold outside their parameters and buffers (attributes, and
+    the values of dict, list or tuple attributes), by where they are."""
+    found: dict[str, torch.Tensor] = {}
+    for name, module in model.named_modules():
+        for attr, value in vars(module).items():
+            if attr in ("_parameters", "_buffers", "_modules"):
+                continue
+            items = value.items() if isinstance(value, dict) else \
+                enumerate(value) if isinstance(value, (list, tuple)) else [(None, value)]
+            for key, item in items:
+                if isinstance(item, torch.Tensor):
+                    found[f"{name or 'model'}.{attr}" + ("" if key is None else f"[{key}]")] = item
+    return found
 
 
 def test_a_studys_runs_share_one_compile_cache_unless_the_user_chose_one(tmp_path, monkeypatch):

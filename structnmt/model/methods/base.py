@@ -158,7 +158,13 @@ class AttentionPlugin(nn.Module):
         self._head_index: dict[torch.device, Tensor] = {}
 
     def head_index(self, device: torch.device) -> Tensor:
-        """The plug-in's heads as a tensor on ``device``, made once (no host copy per call)."""
+        """The plug-in's heads as a tensor on ``device``, made once (no host copy per call).
+
+        Under ``torch.compile`` it is made inside the graph and not kept: a tensor a compiled
+        step stores on the model is an output of its CUDA graph, which the next replay overwrites
+        (the next step would then read freed memory, and cudagraph trees refuse it)."""
+        if torch.compiler.is_compiling():
+            return torch.tensor(self.heads, dtype=torch.long, device=device)
         cached = self._head_index.get(device)
         if cached is None:
             cached = self._head_index[device] = torch.tensor(self.heads, dtype=torch.long, device=device)

@@ -86,7 +86,9 @@ class SyncAttn(DBSA):
         d = at_least_float32(records[dec_key]).mean(1)  # (B, J, J)
         cross = records[cross_key]
         idx = self._sync_index.get(cross.device)
-        if idx is None:  # made once per device: a host-built index would be copied (and waited for) every step
+        if torch.compiler.is_compiling():  # in the graph, never kept on the model (see head_index)
+            idx = torch.tensor(self.sync_head_list, device=cross.device)
+        elif idx is None:  # made once per device: a host-built index would be copied (and waited for) every step
             idx = self._sync_index[cross.device] = torch.tensor(self.sync_head_list, device=cross.device)
         c = at_least_float32(cross.index_select(1, idx)).mean(1)  # (B, J, I)
         return {"syncattn": self.p.lambda_sync * sync_loss(e, d, c, pads["tgt"])}
