@@ -761,6 +761,9 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
                   "spread (min … max)", "rounds", "within 10%"]
 
     fixed: dict[str, Any] = {}  # graphs: each variant's one batch, and its target tokens
+    if graphs:  # every model goes through the one compiled function (Updater._forward_loss)
+        torch._dynamo.config.recompile_limit = 256
+        torch._dynamo.config.accumulated_recompile_limit = 1024
 
     def variant(case: str) -> Any:
         torch.manual_seed(1)
@@ -799,10 +802,12 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
     block(vanilla, 1)
     vanilla_update = time.perf_counter() - started
     estimate = 0.0
+    stopped = ""  # why no case can be measured any more
     for case in cases:
         entries = "; ".join(describe_entry(e) for e in all_cases()[case])
-        if time.monotonic() + estimate > deadline:
-            sec.rows.append([case, entries, "not measured: the section's time budget ran out", "", "", "", "", ""])
+        if stopped or time.monotonic() + estimate > deadline:
+            why = stopped or "the section's time budget ran out"
+            sec.rows.append([case, entries, f"not measured: {why}", "", "", "", "", ""])
             continue
         began = time.monotonic()
         try:
@@ -830,6 +835,16 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
             remember_error(sec, case, err)
             sec.rows.append([case, entries, f"not measured: {one_line(err)}", "", "", "", "", ""])
             print(f"{case}: {one_line(err)}", flush=True)
+            if graphs:  # a failed replay leaves cudagraph trees unusable: start them afresh, vanilla too
+                method = None
+                torch._dynamo.reset()
+                try:
+                    vanilla = variant("vanilla")
+                    block(vanilla, 2)
+                except Exception as again:
+                    remember_error(sec, "vanilla (rebuilt)", again)
+                    stopped = f"vanilla, rebuilt after {case} failed, failed too: {one_line(again)}"
+                    print(stopped, flush=True)
             continue
         finally:
             estimate = max(estimate, time.monotonic() - began)
