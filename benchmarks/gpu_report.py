@@ -1054,25 +1054,29 @@ def section_joey(run: Run, sec: Section, deadline: float) -> None:
         f"{m.d_model}, ff {m.d_ff}), optimiser settings and {max_tokens:,}-token batches (`{path}`); Joey NMT "
         f"trains in fp32 (its fp16 option is off), {args.train_steps} updates, throughput from its log's "
         f"\"Tokens per Sec\" after the first window; decoding: its \"Generation took\" on `{split}`, beam 5, "
-        "alpha 0.6. The commands run one after the other on the same device.")
+        "alpha 0.6. The commands run one after the other on the same device. Models of a few hundred updates stop at "
+        "other lengths: where the mean output lengths differ, compare output sub-words/s, not sentences/s.")
     joey_tps, _ = bench_joey.joey_train(python, path, threads)
     sec.header = ["toolkit", "training target tokens/s", "against Joey NMT", "decoding sentences/s",
-                  "against Joey NMT", "mean output length (sub-words)"]
-    train_rows = [[f"Joey NMT {joey_v} (fp32)", fmt_rate(joey_tps), "1.00x", "", "", ""]]
+                  "against Joey NMT", "mean output length (sub-words)", "output sub-words/s (against Joey NMT)"]
+    train_rows = [[f"Joey NMT {joey_v} (fp32)", fmt_rate(joey_tps), "1.00x", "", "", "", ""]]
     sec.rows = train_rows
     run.report.save()
     joey = bench_joey.joey_decode(python, path, threads, None, dataset / "spm.model")
     joey_sps = joey["sentences"] / joey["seconds"]
-    train_rows[0][3:] = [fmt_rate(joey_sps), "1.00x", f"{joey['pieces']:.1f}"]
+    joey_pps = joey_sps * joey["pieces"]  # sub-words/s: models 200 updates old stop at other lengths
+    train_rows[0][3:] = [fmt_rate(joey_sps), "1.00x", f"{joey['pieces']:.1f}", f"{fmt_rate(joey_pps)} (1.00x)"]
     sec.data.update(joey_train_tokens_per_s=joey_tps, joey_decode=joey)
     if "train_tps" in ours:
         row = [f"structnmt ({ours['precision']})", fmt_rate(ours["train_tps"]),
                f"**{ours['train_tps'] / joey_tps:.2f}x**"]
         if "decode" in ours:
             sps = ours["decode"]["sentences"] / ours["decode"]["seconds"]
-            row += [fmt_rate(sps), f"**{sps / joey_sps:.2f}x**", f"{ours['decode']['pieces']:.1f}"]
+            pps = sps * ours["decode"]["pieces"]
+            row += [fmt_rate(sps), f"**{sps / joey_sps:.2f}x**", f"{ours['decode']['pieces']:.1f}",
+                    f"{fmt_rate(pps)} ({pps / joey_pps:.2f}x)" if joey_pps else ""]
         else:
-            row += ["not measured (section 5 did not decode)", "", ""]
+            row += ["not measured (section 5 did not decode)", "", "", ""]
         sec.rows.append(row)
     else:
         sec.notes.append("structnmt's figures come from the decoding section, which did not run: no ratio.")
@@ -1082,7 +1086,7 @@ def section_joey(run: Run, sec: Section, deadline: float) -> None:
                                                 precision="fp32", config=config, work=run.work / "toolkits",
                                                 device=ours["device"], plain=plain,
                                                 sets=eager_sets(args.train_steps))
-        sec.rows.append(["structnmt (fp32)", fmt_rate(fp32), f"{fp32 / joey_tps:.2f}x", "", "", ""])
+        sec.rows.append(["structnmt (fp32)", fmt_rate(fp32), f"{fp32 / joey_tps:.2f}x", "", "", "", ""])
         sec.data["structnmt_fp32_train_tokens_per_s"] = fp32
     else:
         sec.notes.append("structnmt in fp32: not measured (no time left in the section, or no structnmt run).")

@@ -244,3 +244,29 @@ def test_a_method_that_fails_under_cuda_graphs_leaves_the_next_one_measured(tmp_
     assert built == ["vanilla", "pascal", "vanilla", "sasa"]  # afresh after the failure, vanilla too
     assert methods["sasa"]["rounds"] == 1 and all(r > 0 for r in methods["sasa"]["vanilla_rates"])
     assert "| pascal | pascal (parent_ignoring=0.3) | not measured: RuntimeError: accessing tensor output" in report
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the script runs for real")
+def test_decoding_beside_joey_is_also_compared_per_output_sub_word(tmp_path, monkeypatch):
+    """Models of 200 updates stop at other lengths (an H200 run: structnmt 12.9 sub-words a
+    sentence, Joey NMT 25.8), so sentences/s alone flatters the shorter; the table also gives
+    output sub-words/s. Joey's commands are stood in for (not installed here): 10 sentences of 20
+    sub-words in 2 s, 1,000 target tokens/s."""
+    g = module()
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import bench_joey
+
+    monkeypatch.setattr(bench_joey, "find_joey_python", lambda given=None: Path(sys.executable))
+    monkeypatch.setattr(bench_joey, "joey_version", lambda python: "2.3.0 2.13.0")
+    monkeypatch.setattr(bench_joey, "joey_train", lambda python, config, threads: (1000.0, 4))
+    monkeypatch.setattr(bench_joey, "joey_decode",
+                        lambda *args: {"sentences": 10, "seconds": 2.0, "pieces": 20.0})
+    monkeypatch.setenv("BENCH_RESULTS", str(tmp_path / "results"))
+    out = tmp_path / "out"
+    assert g.main(["--cpu", "--sections", "decoding,joey", "--out", str(out)]) == 0
+    report, data = read(out)
+    ours = data["sections"]["decoding"]["data"]["decode"]
+    ours_pps = ours["sentences"] / ours["seconds"] * ours["pieces"]
+    rows = data["sections"]["joey"]["table"]
+    assert rows[0]["output sub-words/s (against Joey NMT)"] == "100 (1.00x)"
+    assert rows[1]["output sub-words/s (against Joey NMT)"].endswith(f"({ours_pps / 100:.2f}x)")
