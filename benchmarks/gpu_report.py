@@ -985,6 +985,8 @@ def train_defaults(run: Run, sec: Section, deadline: float, eager_s: float, data
     the figure goal 2 of issue 41 asks for (>= 3x commit 1c433cd's default on the same GPU), and what
     the workers give. Compilation and graph recording stay out of the log's tokens/s; each
     run is expected to take the eager run's time (``eager_s``) and, on a GPU, a minute of compiling."""
+    from structnmt.wording import counted
+
     args = run.args
     sec.text.append(
         f"Then the same training with the defaults (training.compile, cuda_graphs, precision and num_workers auto: "
@@ -1007,8 +1009,31 @@ def train_defaults(run: Run, sec: Section, deadline: float, eager_s: float, data
             sec.rows.append([row, f"not measured: {one_line(err)}"])
             continue
         sec.rows.append([row, fmt_rate(tps)])
-        sec.data[f"train_tokens_per_s_{label.replace(' ', '_').replace(',', '')}"] = tps
+        key = label.replace(' ', '_').replace(',', '')
+        sec.data[f"train_tokens_per_s_{key}"] = tps
+        summary = training_log_summary(work / key / "structnmt" / "log.jsonl")
+        sec.data[f"train_log_{key}"] = summary
+        sec.notes.append(f"Training ({label}), the log's windows of {args.log_every} updates: "
+                         f"{', '.join(fmt_rate(r) for r in summary['windows'])} target tokens/s; "
+                         f"{summary['batch_shapes']} batch shapes; "
+                         f"{counted(summary['compile_events'], 'compile event')} "
+                         f"({summary['compile_s']:.1f} s, kept out of the windows).")
         run.report.save()
+
+
+def training_log_summary(log: Path) -> dict[str, Any]:
+    """A training run's steady state from its ``log.jsonl``: each window's target tokens/s, the
+    batch shapes seen (CUDA graphs record one graph per shape), and the compilations."""
+    windows, shapes, events, seconds = [], 0, 0, 0.0
+    for line in log.read_text(encoding="utf-8").splitlines():
+        record = json.loads(line)
+        if record.get("kind") == "train":
+            windows.append(record["tgt_tokens_per_s"])
+            shapes = max(shapes, record.get("batch_shapes", 0))
+        elif record.get("event") == "compile":
+            events += 1
+            seconds += record.get("seconds", 0.0)
+    return {"windows": windows, "batch_shapes": shapes, "compile_events": events, "compile_s": seconds}
 
 
 # ---------------------------------------------------------------------------

@@ -102,6 +102,9 @@ def test_the_dry_run_goes_through_every_section(tmp_path):
 
     decoding = sections["decoding"]["data"]
     assert decoding["train_tokens_per_s"] > 0 and decoding["decode"]["sentences"] == 8
+    defaults = decoding["train_log_defaults"]  # the steady state behind the figure, window by window
+    assert len(defaults["windows"]) == 2 and all(r > 0 for r in defaults["windows"]), defaults
+    assert "Training (defaults), the log's windows of 2 updates:" in report
     joey = sections["joey"]
     if joey["status"] == "done":
         assert joey["data"]["installed"] and joey["data"]["joeynmt"] == "2.3.0"
