@@ -93,6 +93,10 @@ def test_the_dry_run_goes_through_every_section(tmp_path):
         assert sorted(c["precision"] for c in checks) == ["bf16", "fp32"], checks
         assert all("error" not in c and c["finite"] and len(c["losses"]) == 3 for c in checks), checks
         assert "CUDA graphs with `training.accumulate` 2" in report
+        # the big shape compiled again with the caches warm: what a study's later runs pay
+        cached = sections["training"]["data"]["cached_compile"]
+        assert [c["precision"] for c in cached] == ["bf16", "fp32"] and all(c["warm_cache_s"] > 0 for c in cached)
+        assert "again with inductor's caches warm" in report
 
     methods = sections["methods"]["data"]
     assert set(methods) == set(all_cases()) - {"vanilla"}, methods.keys()
