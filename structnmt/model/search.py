@@ -79,6 +79,7 @@ def greedy_search(model: Transformer, batch: Batch, length_penalty_alpha: float 
             break
         tokens = word[:, None]
     seq = torch.stack(out_tokens, dim=1).tolist()
+    logprobs = logprob.tolist()  # one copy, not a device read per sentence
     results = []
     for i, row in enumerate(seq):
         words = []
@@ -87,7 +88,7 @@ def greedy_search(model: Transformer, batch: Batch, length_penalty_alpha: float 
                 break
             words.append(t)
         lp = length_penalty(len(words) + 1, length_penalty_alpha)
-        results.append([Hypothesis(words, float(logprob[i]) / lp, float(logprob[i]))])
+        results.append([Hypothesis(words, logprobs[i] / lp, logprobs[i])])
     return results
 
 
@@ -129,24 +130,24 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
         word = top_index % vocab
         is_eos = word.eq(EOS_ID) & torch.isfinite(top_scores)
 
-        # finish end-of-sentence candidates among the best `beam`
-        done = torch.zeros(n, dtype=torch.bool, device=device)
-        eos_rows = (is_eos[:, :beam]).nonzero().tolist()
-        if eos_rows:
-            hist = history.view(n, beam, -1)
-            top_scores_list = top_scores.tolist()
-            for g, k in eos_rows:
-                sent = int(active[g])
-                if len(finished[sent]) >= beam:
+        # finish end-of-sentence candidates among the best `beam`; what the host needs of them
+        # comes over in three copies a step, not one device read per candidate (on a GPU each
+        # read waits for the device: hundreds a step once sentences start to end)
+        done = step >= max_len[active]
+        eos_rows = (is_eos[:, :beam]).nonzero()
+        if eos_rows.numel():
+            g, k = eos_rows[:, 0], eos_rows[:, 1]
+            ended = history.view(n, beam, -1)[g, origin[g, k], 1:].tolist()
+            logprobs = top_scores[g, k].tolist()
+            sents = active.tolist()
+            for group, toks, logprob in zip(g.tolist(), ended, logprobs):
+                hyps = finished[sents[group]]
+                if len(hyps) >= beam:
                     continue
-                toks = hist[g, int(origin[g, k]), 1:].tolist()
-                logprob = top_scores_list[g][k]
                 lp = length_penalty(len(toks) + 1, length_penalty_alpha)
-                finished[sent].append(Hypothesis(toks, logprob / lp, logprob))
-            for g in range(n):
-                if len(finished[int(active[g])]) >= beam:
-                    done[g] = True
-        done |= step >= max_len[active]
+                hyps.append(Hypothesis(toks, logprob / lp, logprob))
+            full = [len(finished[sent]) >= beam for sent in sents]
+            done = done | torch.tensor(full, dtype=torch.bool).to(device, non_blocking=True)
 
         # the next live hypotheses: the best `beam` candidates that are not end-of-sentence
         order = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :beam]
