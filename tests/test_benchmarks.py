@@ -151,3 +151,8 @@ def test_batch_padding_counts_real_tokens_against_padded_cells(tmp_path):
     if (dataset / "meta.json").is_file():  # as a user runs it, where the prepared data is
         out = run("batch_padding.py", "--dataset", dataset, "--epochs", "1", tmp=tmp_path)
         assert out.startswith("epoch 1: ") and "shapes" in out
+
+
+def test_search_reads_smoke(work):
+    out = run("search_reads.py", "--smoke", work / "task", "--against", "HEAD", tmp=work)
+    assert "device reads for one batch" in out and " sentences the same " in out
