@@ -131,7 +131,7 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
         is_eos = word.eq(EOS_ID) & torch.isfinite(top_scores)
 
         # finish end-of-sentence candidates among the best `beam`; what the host needs of them
-        # comes over in three copies a step, not one device read per candidate (on a GPU each
+        # comes over in four copies a step, not one device read per candidate (on a GPU each
         # read waits for the device: hundreds a step once sentences start to end)
         done = step >= max_len[active]
         eos_rows = (is_eos[:, :beam]).nonzero()
