@@ -302,8 +302,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.compile != "off":
         # one process builds many models here: without a higher limit dynamo stops compiling the
         # shared forward-and-loss function after 8 graphs and runs the later models eagerly
-        torch._dynamo.config.recompile_limit = 256
-        torch._dynamo.config.accumulated_recompile_limit = 1024
+        common.raise_recompile_limits()
     device = torch.device(args.device)
     try:
         dataset = pick_dataset(args.dataset, args.config)

@@ -284,6 +284,19 @@ def write_report(name: str, title: str, sections: Sequence[tuple[str, str]], mac
     return path
 
 
+def raise_recompile_limits(limit: int = 256, accumulated: int = 1024) -> None:
+    """Let dynamo compile one function for many models (every model of a benchmark goes through
+    ``Updater._forward_loss``): torch 2.6 and later call the settings ``recompile_limit`` and
+    ``accumulated_recompile_limit``, earlier ones ``cache_size_limit`` and
+    ``accumulated_cache_size_limit`` (setting a name a torch lacks raises)."""
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    new = hasattr(config, "recompile_limit")
+    setattr(config, "recompile_limit" if new else "cache_size_limit", limit)
+    setattr(config, "accumulated_recompile_limit" if new else "accumulated_cache_size_limit", accumulated)
+
+
 def set_threads(threads: int) -> None:
     """Pin torch's intra-op threads (0: leave torch's default, one per core)."""
     import torch

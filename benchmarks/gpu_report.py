@@ -689,8 +689,7 @@ def section_training(run: Run, sec: Section, deadline: float) -> None:
 
     sizes = shapes(run.dry)
     torch.backends.cuda.matmul.allow_tf32 = bool(run.args.tf32)
-    torch._dynamo.config.recompile_limit = 256  # many models through one compiled function
-    torch._dynamo.config.accumulated_recompile_limit = 1024
+    common.raise_recompile_limits()  # many models through one compiled function
     fp32_peak = "fp32 with TF32 on" if run.args.tf32 else "fp32 (TF32 off, torch's default, as the toolkit trains)"
     sec.text.append(
         "Each update is the toolkit's `Updater.update` (forward, label-smoothed loss, backward, clipping, Adam, "
@@ -792,8 +791,7 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
 
     fixed: dict[str, Any] = {}  # graphs: each variant's one batch, and its target tokens
     if graphs:  # every model goes through the one compiled function (Updater._forward_loss)
-        torch._dynamo.config.recompile_limit = 256
-        torch._dynamo.config.accumulated_recompile_limit = 1024
+        common.raise_recompile_limits()
 
     def variant(case: str) -> Any:
         torch.manual_seed(1)

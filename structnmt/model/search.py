@@ -120,10 +120,10 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
         lprobs[:, BOS_ID] = float("-inf")
         vocab = lprobs.size(-1)
         force = (step >= max_len[active]).repeat_interleave(beam)
-        if bool(force.any()):
-            keep_eos = lprobs[:, EOS_ID].clone()
-            lprobs[force] = float("-inf")
-            lprobs[force, EOS_ID] = keep_eos[force]
+        if bool(force.any()):  # out of length: only end-of-sentence is left (masks, not boolean indexing,
+            keep_eos = lprobs[:, EOS_ID].clone()  # which would read the device again)
+            lprobs = lprobs.masked_fill(force[:, None], float("-inf"))
+            lprobs[:, EOS_ID] = torch.where(force, keep_eos, lprobs[:, EOS_ID])
         cand = (scores.view(n, beam, 1) + lprobs.view(n, beam, vocab)).view(n, beam * vocab)
         top_scores, top_index = cand.topk(min(2 * beam, beam * vocab), dim=1)
         origin = torch.div(top_index, vocab, rounding_mode="floor")
