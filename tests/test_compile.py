@@ -187,18 +187,25 @@ def test_every_methods_compiled_part_of_an_update_is_one_graph(dataset, case):
 
 
 def _tensors_kept_by(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Tensors the model's modules hold outside their parameters and buffers (attributes, and
-    the values of dict, list or tuple attributes), by where they are."""
+    """Tensors the model's modules hold besides their parameters, by where they are: buffers (a
+    buffer made or replaced by the step shows as new), attributes, and what dict, list or tuple
+    attributes hold, two levels deep."""
     found: dict[str, torch.Tensor] = {}
+
+    def walk(where: str, value: object, depth: int) -> None:
+        if isinstance(value, torch.Tensor):
+            found[where] = value
+        elif depth < 2 and isinstance(value, dict):
+            for key, item in value.items():
+                walk(f"{where}[{key}]", item, depth + 1)
+        elif depth < 2 and isinstance(value, (list, tuple)):
+            for key, item in enumerate(value):
+                walk(f"{where}[{key}]", item, depth + 1)
+
     for name, module in model.named_modules():
         for attr, value in vars(module).items():
-            if attr in ("_parameters", "_buffers", "_modules"):
-                continue
-            items = value.items() if isinstance(value, dict) else \
-                enumerate(value) if isinstance(value, (list, tuple)) else [(None, value)]
-            for key, item in items:
-                if isinstance(item, torch.Tensor):
-                    found[f"{name or 'model'}.{attr}" + ("" if key is None else f"[{key}]")] = item
+            if attr not in ("_parameters", "_modules"):
+                walk(f"{name or 'model'}.{attr}", value, 0)
     return found
 
 
