@@ -107,21 +107,26 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
         enc = enc.index_select(torch.arange(n_sent, device=device).repeat_interleave(beam))
     cache = model.new_cache()
     finished: list[list[Hypothesis]] = [[] for _ in range(n_sent)]
+    # which sentences are live, and their length limits, are kept on the host as well, so that
+    # deciding what ends reads nothing from the device (on a GPU each read waits for it)
     active = torch.arange(n_sent, device=device)  # original sentence number of each live group
+    live = list(range(n_sent))  # the same, on the host
+    limits = max_len.tolist()
     scores = torch.zeros(n_sent, beam, device=device)
     scores[:, 1:] = float("-inf")  # at the start only one hypothesis per sentence is live
     history = torch.full((n_sent * beam, 1), BOS_ID, dtype=torch.long, device=device)
     step = 0
-    while active.numel() > 0:
-        n = active.numel()
+    while live:
+        n = len(live)
         logits = model.decode(history[:, -1:], enc, cache=cache)[:, -1]
         lprobs = torch.log_softmax(logits.float(), dim=-1)
         lprobs[:, PAD_ID] = float("-inf")
         lprobs[:, BOS_ID] = float("-inf")
         vocab = lprobs.size(-1)
-        force = (step >= max_len[active]).repeat_interleave(beam)
-        if bool(force.any()):  # out of length: only end-of-sentence is left (masks, not boolean indexing,
-            keep_eos = lprobs[:, EOS_ID].clone()  # which would read the device again)
+        out_of_length = [step >= limits[sent] for sent in live]
+        if any(out_of_length):  # only end-of-sentence is left (masks: boolean indexing would read the device)
+            force = (step >= max_len[active]).repeat_interleave(beam)
+            keep_eos = lprobs[:, EOS_ID].clone()
             lprobs = lprobs.masked_fill(force[:, None], float("-inf"))
             lprobs[:, EOS_ID] = torch.where(force, keep_eos, lprobs[:, EOS_ID])
         cand = (scores.view(n, beam, 1) + lprobs.view(n, beam, vocab)).view(n, beam * vocab)
@@ -130,24 +135,20 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
         word = top_index % vocab
         is_eos = word.eq(EOS_ID) & torch.isfinite(top_scores)
 
-        # finish end-of-sentence candidates among the best `beam`; what the host needs of them
-        # comes over in four copies a step, not one device read per candidate (on a GPU each
-        # read waits for the device: hundreds a step once sentences start to end)
-        done = step >= max_len[active]
+        # finish end-of-sentence candidates among the best `beam`: what the host needs of them
+        # comes over in a few copies a step, not one device read per candidate
         eos_rows = (is_eos[:, :beam]).nonzero()
         if eos_rows.numel():
             g, k = eos_rows[:, 0], eos_rows[:, 1]
             ended = history.view(n, beam, -1)[g, origin[g, k], 1:].tolist()
             logprobs = top_scores[g, k].tolist()
-            sents = active.tolist()
             for group, toks, logprob in zip(g.tolist(), ended, logprobs):
-                hyps = finished[sents[group]]
+                hyps = finished[live[group]]
                 if len(hyps) >= beam:
                     continue
                 lp = length_penalty(len(toks) + 1, length_penalty_alpha)
                 hyps.append(Hypothesis(toks, logprob / lp, logprob))
-            full = [len(finished[sent]) >= beam for sent in sents]
-            done = done | torch.tensor(full, dtype=torch.bool).to(device, non_blocking=True)
+        done = [over or len(finished[sent]) >= beam for over, sent in zip(out_of_length, live)]
 
         # the next live hypotheses: the best `beam` candidates that are not end-of-sentence
         order = torch.sort(is_eos.to(torch.int8), dim=1, stable=True).indices[:, :beam]
@@ -159,8 +160,9 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
         Transformer.reorder_cache(cache, rows)
         scores = next_scores
 
-        if bool(done.any()):
-            keep = (~done).nonzero().view(-1)
+        if any(done):
+            kept = [i for i, ended_here in enumerate(done) if not ended_here]
+            keep = torch.tensor(kept, dtype=torch.long, device=device)
             groups = (keep[:, None] * beam + torch.arange(beam, device=device)).view(-1)
             history = history.index_select(0, groups)
             scores = scores.index_select(0, keep)
@@ -168,6 +170,7 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
             Transformer.reorder_cache(cache, groups, sources)
             enc = enc.index_select(sources)
             active = active.index_select(0, keep)
+            live = [live[i] for i in kept]
         step += 1
 
     return [sorted(hyps, key=lambda h: -h.score)[:nbest] for hyps in finished]
