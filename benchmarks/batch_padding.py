@@ -16,7 +16,7 @@ import argparse
 
 import numpy as np
 
-from structnmt.data.batching import bucket, token_batches
+from structnmt.data.batching import _padded_length, bucket, token_batches
 from structnmt.data.dataset import ParallelDataset
 
 
@@ -29,8 +29,8 @@ def padding_shares(src: np.ndarray, tgt: np.ndarray, max_tokens: int, epoch: int
     for idx in batches:
         s, t, rows = src[idx], tgt[idx], len(idx)
         real += int((t + 1).sum())  # each target sentence and its EOS
-        by8 += rows * -(-(int(t.max()) + 1) // 8) * 8
-        length = bucket(int(max(s.max(), t.max())) + 1, 8)  # both sides to the longer one's bucket
+        by8 += rows * _padded_length(int(t.max()) + 1, 8, 0)  # collate's own rounding
+        length = _padded_length(int(max(s.max(), t.max())) + 1, 8, 0, bucketed=True)  # both sides, the longer's bucket
         buckets += rows * length
         rows_too += bucket(rows, 1) * length
         shapes.add((bucket(rows, 1), length))

@@ -1024,22 +1024,22 @@ def train_defaults(run: Run, sec: Section, deadline: float, eager_s: float, data
         f"gave {BASELINE_1C433CD}.")
     for label, extra in (("defaults", {}), ("defaults, no data workers", {"training.num_workers": 0})):
         row = f"training ({label}), target tokens/s"
+        key = label.replace(" ", "_").replace(",", "")
         if time.monotonic() + eager_s + (0 if run.dry else 60) > deadline:
             sec.rows.append([row, "not measured: the section's time budget ran out"])
             continue
         try:
             sets = {"training.valid_every": args.train_steps, **extra}
-            tps, _, _ = bench_joey.structnmt_train(dataset, args.train_steps, args.log_every, threads, max_tokens,
-                                                  config=config, work=work / label.replace(" ", "_").replace(",", ""),
-                                                  device=device, sets=sets, plain=plain)
+            tps, _, last = bench_joey.structnmt_train(dataset, args.train_steps, args.log_every, threads, max_tokens,
+                                                     config=config, work=work / key,
+                                                     device=device, sets=sets, plain=plain)
         except (Exception, SystemExit) as err:  # the report keeps the other rows
             remember_error(sec, label, err)
             sec.rows.append([row, f"not measured: {one_line(err)}"])
             continue
         sec.rows.append([row, fmt_rate(tps)])
-        key = label.replace(' ', '_').replace(',', '')
         sec.data[f"train_tokens_per_s_{key}"] = tps
-        summary = training_log_summary(work / key / "structnmt" / "log.jsonl")
+        summary = training_log_summary(last.parent / "log.jsonl")
         sec.data[f"train_log_{key}"] = summary
         sec.notes.append(f"Training ({label}), the log's windows of {args.log_every} updates: "
                          f"{', '.join(fmt_rate(r) for r in summary['windows'])} target tokens/s; "

@@ -107,10 +107,9 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
         enc = enc.index_select(torch.arange(n_sent, device=device).repeat_interleave(beam))
     cache = model.new_cache()
     finished: list[list[Hypothesis]] = [[] for _ in range(n_sent)]
-    # which sentences are live, and their length limits, are kept on the host as well, so that
-    # deciding what ends reads nothing from the device (on a GPU each read waits for it)
-    active = torch.arange(n_sent, device=device)  # original sentence number of each live group
-    live = list(range(n_sent))  # the same, on the host
+    # which sentences are live, and their length limits, are kept on the host, so that deciding
+    # what ends reads nothing from the device (on a GPU each read waits for it)
+    live = list(range(n_sent))  # original sentence number of each live group
     limits = max_len.tolist()
     scores = torch.zeros(n_sent, beam, device=device)
     scores[:, 1:] = float("-inf")  # at the start only one hypothesis per sentence is live
@@ -125,7 +124,7 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
         vocab = lprobs.size(-1)
         out_of_length = [step >= limits[sent] for sent in live]
         if any(out_of_length):  # only end-of-sentence is left (masks: boolean indexing would read the device)
-            force = (step >= max_len[active]).repeat_interleave(beam)
+            force = torch.tensor(out_of_length, dtype=torch.bool, device=device).repeat_interleave(beam)
             keep_eos = lprobs[:, EOS_ID].clone()
             lprobs = lprobs.masked_fill(force[:, None], float("-inf"))
             lprobs[:, EOS_ID] = torch.where(force, keep_eos, lprobs[:, EOS_ID])
@@ -169,7 +168,6 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
             sources = keep if shared else groups  # the rows of each source kept
             Transformer.reorder_cache(cache, groups, sources)
             enc = enc.index_select(sources)
-            active = active.index_select(0, keep)
             live = [live[i] for i in kept]
         step += 1
 

@@ -118,6 +118,19 @@ class AttentionContext:
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
+def kept_index(kept: dict[torch.device, Tensor], values: list[int], device: torch.device) -> Tensor:
+    """``values`` as a long tensor on ``device``, made once and kept in ``kept`` (no host copy and
+    wait per call). Under ``torch.compile`` it is made inside the graph and not kept: a tensor a
+    compiled step stores on the model is an output of its CUDA graph, which the next replay
+    overwrites (the next step would read freed memory, and cudagraph trees refuse it)."""
+    if torch.compiler.is_compiling():
+        return torch.tensor(values, dtype=torch.long, device=device)
+    index = kept.get(device)
+    if index is None:
+        index = kept[device] = torch.tensor(values, dtype=torch.long, device=device)
+    return index
+
+
 class Effect(enum.Enum):
     """How a plug-in changes attention; each plug-in declares one (see the module docstring)."""
 
@@ -158,17 +171,8 @@ class AttentionPlugin(nn.Module):
         self._head_index: dict[torch.device, Tensor] = {}
 
     def head_index(self, device: torch.device) -> Tensor:
-        """The plug-in's heads as a tensor on ``device``, made once (no host copy per call).
-
-        Under ``torch.compile`` it is made inside the graph and not kept: a tensor a compiled
-        step stores on the model is an output of its CUDA graph, which the next replay overwrites
-        (the next step would then read freed memory, and cudagraph trees refuse it)."""
-        if torch.compiler.is_compiling():
-            return torch.tensor(self.heads, dtype=torch.long, device=device)
-        cached = self._head_index.get(device)
-        if cached is None:
-            cached = self._head_index[device] = torch.tensor(self.heads, dtype=torch.long, device=device)
-        return cached
+        """The plug-in's heads as a tensor on ``device`` (:func:`kept_index`)."""
+        return kept_index(self._head_index, self.heads, device)
 
     # -- QUERY_KEY ----------------------------------------------------------------------
     def queries(self, q: Tensor, ctx: AttentionContext) -> Tensor:

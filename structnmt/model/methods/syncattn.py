@@ -24,7 +24,7 @@ from torch import Tensor
 
 from structnmt.errors import ConfigError
 from structnmt.method_config import check_heads, resolve_heads
-from structnmt.model.methods.base import RecordKey, register
+from structnmt.model.methods.base import RecordKey, kept_index, register
 from structnmt.model.methods.dbsa import DBSA, DBSAParams
 from structnmt.model.methods.shared import at_least_float32
 
@@ -85,11 +85,7 @@ class SyncAttn(DBSA):
         e = at_least_float32(records[enc_key]).mean(1)  # (B, I, I)
         d = at_least_float32(records[dec_key]).mean(1)  # (B, J, J)
         cross = records[cross_key]
-        idx = self._sync_index.get(cross.device)
-        if torch.compiler.is_compiling():  # in the graph, never kept on the model (see head_index)
-            idx = torch.tensor(self.sync_head_list, device=cross.device)
-        elif idx is None:  # made once per device: a host-built index would be copied (and waited for) every step
-            idx = self._sync_index[cross.device] = torch.tensor(self.sync_head_list, device=cross.device)
+        idx = kept_index(self._sync_index, self.sync_head_list, cross.device)
         c = at_least_float32(cross.index_select(1, idx)).mean(1)  # (B, J, I)
         return {"syncattn": self.p.lambda_sync * sync_loss(e, d, c, pads["tgt"])}
 
