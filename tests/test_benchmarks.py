@@ -156,3 +156,26 @@ def test_batch_padding_counts_real_tokens_against_padded_cells(tmp_path):
 def test_search_reads_smoke(work):
     out = run("search_reads.py", "--smoke", work / "task", "--against", "HEAD", tmp=work)
     assert "device reads for one batch" in out and " sentences the same " in out
+
+
+def test_kernel_counts_counts_kernels_not_views(work):
+    """The counter sees ops below autograd (the backward's too) and leaves views out: a matrix
+    product of a transposed view is one ``mm`` forward, two backward (one per input), and the
+    ``t``/``view`` calls run no kernel. The script's tiny run counts a window above vanilla."""
+    import torch
+
+    spec = importlib.util.spec_from_file_location("kernel_counts", BENCH / "kernel_counts.py")
+    counts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(counts)
+    a = torch.randn(3, 4, requires_grad=True)
+    b = torch.randn(5, 4, requires_grad=True)
+    counter = counts.KernelCounter()
+    with counter:
+        (a @ b.t()).view(15).sum().backward()
+    assert counter.counts["mm"] == 3 and counter.counts["sum"] == 1
+    assert "t" not in counter.counts and "view" not in counter.counts and "expand" not in counter.counts
+
+    out = run("kernel_counts.py", "--tiny", "--methods", "local_window", tmp=work)
+    rows = {line.split()[0]: line.split() for line in out.splitlines()[2:] if line.strip()}
+    assert set(rows) == {"vanilla", "local_window"}
+    assert int(rows["local_window"][1]) > int(rows["vanilla"][1]) > 100
