@@ -71,6 +71,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import bench_joey  # noqa: E402  (scripts beside this one, not a package)
 import bench_train  # noqa: E402
 import common  # noqa: E402
+import kernel_counts  # noqa: E402
 from gpu_smoke import _one_line as one_line  # noqa: E402
 
 NAME = "gpu_report"
@@ -787,7 +788,10 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
     if uncovered:
         sec.notes.append(f"Registered methods with no case: {', '.join(uncovered)}.")
     sec.header = ["case", "methods", "tokens/s", "vanilla tokens/s (same rounds)", "overhead (median)",
-                  "spread (min … max)", "rounds", "within 10%"]
+                  "spread (min … max)", "rounds", "within 10%", "kernels of an eager update (× vanilla's)"]
+    sec.text.append("The last column counts the ATen calls that can run a kernel in one eager update of each model "
+                    "(`benchmarks/kernel_counts.py`, on this device, same precision and attention route): what an "
+                    "eager update launches, against which the overhead can be read.")
 
     fixed: dict[str, Any] = {}  # graphs: each variant's one batch, and its target tokens
     if graphs:  # every model goes through the one compiled function (Updater._forward_loss)
@@ -821,6 +825,21 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
         tokens, seconds = bench_train.run_block(v, ds, batches[:n], sync=True)
         return tokens / seconds
 
+    def kernels(case: str) -> int | None:
+        try:
+            return sum(kernel_counts.count_update(case, dataset, vocab, size, "auto", 256, "auto",
+                                                  str(run.device)).values())
+        except Exception as err:  # the count is beside the timing: its failure must not lose the row
+            remember_error(sec, f"{case} (kernel count)", err)
+            return None
+
+    vanilla_kernels = kernels("vanilla")
+
+    def kernels_cell(n: int | None) -> str:
+        if n is None:
+            return "not counted"
+        return f"{n}" + (f" ({n / vanilla_kernels:.2f}×)" if vanilla_kernels else "")
+
     vanilla = variant("vanilla")
     if graphs:
         block(vanilla, 2)
@@ -835,7 +854,7 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
         entries = "; ".join(describe_entry(e) for e in all_cases()[case])
         if stopped or time.monotonic() + estimate > deadline:
             why = stopped or "the section's time budget ran out"
-            sec.rows.append([case, entries, f"not measured: {why}", "", "", "", "", ""])
+            sec.rows.append([case, entries, f"not measured: {why}", "", "", "", "", "", ""])
             continue
         began = time.monotonic()
         try:
@@ -861,7 +880,7 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
                 vanilla_rates.append(v_rate)
         except Exception as err:  # one method's failure must not hide the others'
             remember_error(sec, case, err)
-            sec.rows.append([case, entries, f"not measured: {one_line(err)}", "", "", "", "", ""])
+            sec.rows.append([case, entries, f"not measured: {one_line(err)}", "", "", "", "", "", ""])
             print(f"{case}: {one_line(err)}", flush=True)
             if graphs:  # a failed replay leaves cudagraph trees unusable: start them afresh, vanilla too
                 method = None
@@ -881,9 +900,10 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
         sec.rows.append([case, entries, fmt_rate(statistics.median(rates)), fmt_rate(statistics.median(vanilla_rates)),
                          f"{100 * (1 - ratio):+.1f}%", f"{100 * spread[0]:+.1f}% … {100 * spread[1]:+.1f}%",
                          len(ratios) if len(ratios) >= 3 else f"**{len(ratios)}** (the budget ran out)",
-                         "yes" if 1 - ratio <= 0.10 else "**no**"])
+                         "yes" if 1 - ratio <= 0.10 else "**no**", kernels_cell(n_kernels := kernels(case))])
         sec.data[case] = {"ratios": ratios, "rates": rates, "vanilla_rates": vanilla_rates, "steps_per_block": steps,
-                          "overhead": 1 - ratio, "spread": spread, "rounds": len(ratios)}
+                          "overhead": 1 - ratio, "spread": spread, "rounds": len(ratios), "kernels": n_kernels,
+                          "vanilla_kernels": vanilla_kernels}
         print(f"{case}: overhead {100 * (1 - ratio):+.1f}% ({len(ratios)} rounds)", flush=True)
         del method
         run.report.save()

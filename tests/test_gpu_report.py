@@ -103,6 +103,7 @@ def test_the_dry_run_goes_through_every_section(tmp_path):
     for case, m in methods.items():
         assert m["rounds"] == len(m["ratios"]) == 3, case
         assert m["spread"][0] <= m["overhead"] <= m["spread"][1], case
+        assert m["kernels"] > m["vanilla_kernels"] > 100, case  # every method adds kernels to an update
 
     decoding = sections["decoding"]["data"]
     assert decoding["train_tokens_per_s"] > 0 and decoding["decode"]["sentences"] == 8
@@ -248,7 +249,8 @@ def test_a_method_that_fails_under_cuda_graphs_leaves_the_next_one_measured(tmp_
     report, data = read(out)
     methods = data["sections"]["methods"]["data"]
     assert set(methods) == {"sasa", "errors"} and [e.split(":")[0] for e in methods["errors"]] == ["pascal"]
-    assert built == ["vanilla", "pascal", "vanilla", "sasa"]  # afresh after the failure, vanilla too
+    # afresh after the failure, vanilla too; the first vanilla and the last sasa are the eager kernel counts
+    assert built == ["vanilla", "vanilla", "pascal", "vanilla", "sasa", "sasa"]
     assert methods["sasa"]["rounds"] == 1 and all(r > 0 for r in methods["sasa"]["vanilla_rates"])
     assert "| pascal | pascal (parent_ignoring=0.3) | not measured: RuntimeError: accessing tensor output" in report
 
