@@ -145,13 +145,17 @@ def _trains_on_cpu(device: str) -> bool:
     return str(device).startswith("cpu") or (device == "auto" and not torch.cuda.is_available())
 
 
+PROGRESS_EVERY_S = 20.0  # seconds between two progress lines when there is no terminal
+
+
 class ProgressLines:
     """Where the demo's training stands, read from its ``log.jsonl`` every ``every`` seconds:
     plain lines with the time left when there is no terminal (a terminal shows the trainer's
     progress bar). A collapse of the update rate is the trainer's to report (its ``RunLogger``)."""
 
-    def __init__(self, log: Path, total: int, say, lines: bool, every: float = 20.0) -> None:
-        self.log, self.total, self.say, self.lines, self.every = log, total, say, lines, every
+    def __init__(self, log: Path, total: int, say, lines: bool, every: float | None = None) -> None:
+        self.log, self.total, self.say, self.lines = log, total, say, lines
+        self.every = PROGRESS_EVERY_S if every is None else every
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.read = 0  # bytes of the log already read

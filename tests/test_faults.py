@@ -624,6 +624,8 @@ def test_the_demo_trains_every_update_beside_a_busy_process(tmp_path: Path, caps
     from structnmt.training.cpu import available_cores
 
     monkeypatch.chdir(tmp_path)
+    # a line every second: on a fast machine the whole training takes less than the default 20 s
+    monkeypatch.setattr("structnmt.demo_pipeline.PROGRESS_EVERY_S", 1.0)
     busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"])]
     try:
         time.sleep(1.0)  # they hold their cores before the demo looks
