@@ -4,7 +4,7 @@
 
 On a GPU a small model's eager update is launch-bound: each kernel costs a launch of a few
 microseconds whatever its size, so a plug-in's eager overhead there follows the kernels it adds,
-not its arithmetic. A CPU can count them exactly: this runs one update (forward, loss, backward,
+not its arithmetic. The dispatcher's calls can be counted on a CPU: this runs one update (forward, loss, backward,
 clipping, Adam) of each case of ``tests/registry_cases.py`` (every registered method at least
 once) at the small recipe's shape on one batch of the built-in synthetic task, under a dispatch
 mode that sees every ATen call below autograd, and counts the calls that can run a kernel (views,
@@ -13,6 +13,11 @@ count, its ratio to vanilla's (counted in the same run), and the ops it adds mos
 depend on the batch's size or the CPU; they change with the code, so they say which plug-ins to
 cut kernels from before any GPU is at hand, and whether a change did (``--against COMMIT`` is not
 offered: run the script in a worktree of the other commit).
+
+A CPU count is a guide to a GPU's, not its copy: dropout is three calls on a CPU and one
+(``native_dropout``) on CUDA, the batch's copies to the device appear only there, and a fused or
+``_foreach`` optimizer call is one call that launches several kernels. ``--device cuda`` counts
+the calls as a GPU makes them (still calls, not launches: a profiler counts those).
 """
 
 from __future__ import annotations
@@ -34,7 +39,8 @@ sys.path.insert(0, str(ROOT))
 #: ATen calls that make or read tensor metadata only (no kernel on any device)
 NO_KERNEL = {"detach", "alias", "lift_fresh", "empty", "empty_like", "empty_strided", "new_empty",
              "new_empty_strided", "set_", "resize_", "sym_size", "sym_stride", "sym_numel", "is_same_size",
-             "_unsafe_view", "_local_scalar_dense", "_has_compatible_shallow_copy_type"}
+             "_unsafe_view", "_local_scalar_dense", "_has_compatible_shallow_copy_type",
+             "promote_types", "_record_function_enter_new", "_record_function_exit"}  # a dtype; profiler marks
 
 
 def op_name(func: Any) -> str:
@@ -92,6 +98,8 @@ def count_update(case: str, dataset: Path, vocab: int, size: dict[str, Any], pre
     counter = KernelCounter()
     with counter:
         updater.update([batch])
+        if torch.device(device).type == "cuda":  # an asynchronous error belongs to this count, not the next timing
+            torch.cuda.synchronize()
     return counter.counts
 
 

@@ -175,7 +175,23 @@ def test_kernel_counts_counts_kernels_not_views(work):
     assert counter.counts["mm"] == 3 and counter.counts["sum"] == 1
     assert "t" not in counter.counts and "view" not in counter.counts and "expand" not in counter.counts
 
+    # one whole update: every layer norm's backward, one clipping norm, one fused Adam step; no
+    # profiler marks or dtype queries; the same count twice
+    from tests.registry_cases import prepare_synthetic, vocab_size
+
+    dataset = prepare_synthetic(work / "kernel_counts", train=96, test=8)
+    tiny = {"enc_layers": 2, "dec_layers": 2, "d_model": 32, "n_heads": 4, "d_ff": 64, "dropout": 0.1}
+    update = counts.count_update("vanilla", dataset, vocab_size(dataset), tiny, "fp32", 256, "sdpa")
+    # layer norms: 2 per encoder layer, 3 per decoder layer, a last one per stack
+    assert update["native_layer_norm"] == update["native_layer_norm_backward"] == 12
+    assert update["_fused_adam_"] == 1 and update["_foreach_norm"] == 1, update
+    assert not {name for name in update if name.startswith("_record_function") or name == "promote_types"}
+    assert counts.count_update("vanilla", dataset, vocab_size(dataset), tiny, "fp32", 256, "sdpa") == update
+
     out = run("kernel_counts.py", "--tiny", "--methods", "local_window", tmp=work)
     rows = {line.split()[0]: line.split() for line in out.splitlines()[2:] if line.strip()}
     assert set(rows) == {"vanilla", "local_window"}
+    assert int(rows["vanilla"][1]) == sum(update.values())  # the script counts what count_update counts
     assert int(rows["local_window"][1]) > int(rows["vanilla"][1]) > 100
+    assert float(rows["local_window"][2]) == pytest.approx(int(rows["local_window"][1]) / int(rows["vanilla"][1]),
+                                                            abs=5e-4)
