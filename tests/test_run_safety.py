@@ -64,6 +64,7 @@ def test_two_trainings_on_one_out_dir_exactly_one_runs(data_dir, tmp_path):
     while holder(out) is None and time.time() < deadline:
         assert first.poll() is None, first.stderr.read()
         time.sleep(0.01)
+    assert holder(out) is not None, "the first training took no lock within 120 s"
     with pytest.raises(LockedError, match=rf"PID {first.pid} "):
         make_trainer(tiny_cfg(out, max_steps=2000), data_dir).run(resume=True)
     # the lock is taken before the trainer catches signals: stop it once it is training
@@ -71,6 +72,7 @@ def test_two_trainings_on_one_out_dir_exactly_one_runs(data_dir, tmp_path):
     while not (log.is_file() and any(r["kind"] == "train" for r in read_log(log))) and time.time() < deadline:
         assert first.poll() is None, first.stderr.read()
         time.sleep(0.01)
+    assert time.time() < deadline, "the first training logged no update within 120 s"
     first.send_signal(signal.SIGTERM)
     stdout, stderr = first.communicate(timeout=180)
     assert stdout.strip() == "interrupted", stderr

@@ -304,9 +304,16 @@ def _start(script: Path, data: Path, out: Path, steps: int, resume: bool) -> sub
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
+def _newest_step(out: Path) -> int:
+    """The newest step checkpoint's step (0 if none); keep_last removes older ones as it goes."""
+    return max((int(p.stem.split("_")[1]) for p in out.glob("step_*.pt") if p.stem.split("_")[1].isdigit()),
+               default=0)
+
+
 def _wait_for_step(proc: subprocess.Popen, out: Path, step: int, timeout: float = 90.0) -> None:
+    """Until a checkpoint of ``step`` or later is saved: a poll that wakes late still sees it."""
     end = time.monotonic() + timeout
-    while not (out / f"step_{step}.pt").exists():
+    while _newest_step(out) < step:
         assert proc.poll() is None, proc.stderr.read() if proc.stderr else ""
         assert time.monotonic() < end, "training did not reach the step in time"
         time.sleep(0.005)

@@ -71,7 +71,7 @@ PREVIOUS = {
     "fp16_scaler": "df5c2f3a9d01e25e",
     "skips_then_diverges": "e3f29ebd12e6c5fe",
 }
-PREVIOUS_MACHINE = ("AVX512", True, "2.13.0+cpu")
+PREVIOUS_MACHINE = ("AVX512", True, "2.13.0+cpu", "AuthenticAMD")
 RUNS = {
     "fp32_accum_clip": dict(max_steps=6, accumulate=2, clip_norm=0.5, valid_every=3),
     "bf16_adamw": dict(max_steps=5, precision="bf16", weight_decay=0.01, valid_every=0, max_epochs=2),
@@ -80,9 +80,21 @@ RUNS = {
 }
 
 
-def machine() -> tuple[str, bool, str]:
+def cpu_vendor() -> str:
+    """``vendor_id`` of /proc/cpuinfo: an Intel CPU with AVX-512 BF16 (and AMX) takes other oneDNN paths."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as handle:
+            for line in handle:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def machine() -> tuple[str, bool, str, str]:
     bf16 = bool(getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)())
-    return torch.backends.cpu.get_cpu_capability(), bf16, torch.__version__
+    return torch.backends.cpu.get_cpu_capability(), bf16, torch.__version__, cpu_vendor()
 
 
 def run_digest(data_dir: Path, out: Path, name: str) -> str:
