@@ -258,6 +258,34 @@ def test_a_method_that_fails_under_cuda_graphs_leaves_the_next_one_measured(tmp_
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the script runs for real")
+def test_a_kernel_count_that_fails_costs_its_cell_not_the_row(tmp_path, monkeypatch):
+    """The kernel count stands beside the timing: if it raises, the method is still measured,
+    its cell says "not counted" and the error is kept in the JSON under the case's name."""
+    g = module()
+    monkeypatch.syspath_prepend(str(SCRIPT.parent))
+    import kernel_counts
+
+    counted = kernel_counts.count_update
+
+    def count_update(case, *args, **kwargs):
+        if case == "sasa":
+            raise RuntimeError("no dispatch mode here")
+        return counted(case, *args, **kwargs)
+
+    monkeypatch.setattr(kernel_counts, "count_update", count_update)
+    monkeypatch.setenv("BENCH_RESULTS", str(tmp_path / "results"))
+    out = tmp_path / "out"
+    assert g.main(["--cpu", "--sections", "methods", "--methods", "sasa", "--rounds", "1", "--out", str(out)]) == 0
+    report, data = read(out)
+    methods = data["sections"]["methods"]["data"]
+    assert methods["sasa"]["rounds"] == 1 and methods["sasa"]["kernels"] is None
+    assert methods["sasa"]["vanilla_kernels"] > 100  # vanilla's count went through
+    assert [e.split(":")[0] for e in methods["errors"]] == ["sasa (kernel count)"], methods["errors"]
+    (row,) = [line for line in report.splitlines() if line.startswith("| sasa |")]
+    assert row.rstrip().endswith("| not counted |") and "not measured" not in row
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the script runs for real")
 def test_decoding_beside_joey_is_also_compared_per_output_sub_word(tmp_path, monkeypatch):
     """Models of 200 updates stop at other lengths (an H200 run: structnmt 12.9 sub-words a
     sentence, Joey NMT 25.8), so sentences/s alone flatters the shorter; the table also gives
