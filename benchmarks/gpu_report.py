@@ -790,7 +790,7 @@ def section_methods(run: Run, sec: Section, deadline: float) -> None:
                   "spread (min … max)", "rounds", "within 10%", "kernels of an eager update (× vanilla's)"]
     sec.text.append("The last column counts the ATen calls that can run a kernel in one eager update of each model "
                     "(`benchmarks/kernel_counts.py`, on this device, same precision and attention route): what an "
-                    "eager update launches, against which the overhead can be read.")
+                    "eager update dispatches (a guide to its launches), against which the overhead can be read.")
 
     fixed: dict[str, Any] = {}  # graphs: each variant's one batch, and its target tokens
     if graphs:  # every model goes through the one compiled function (Updater._forward_loss)

@@ -112,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernel", default="sdpa", choices=["sdpa", "explicit", "auto"],
                         help="model.attention_kernel: sdpa is the route auto takes on a GPU (default); "
                              "auto is the CPU's own (explicit for bf16 and for plug-ins that scale)")
-    parser.add_argument("--device", default="cpu", help="cuda: the same counts on a GPU (its kernels, as launched)")
+    parser.add_argument("--device", default="cpu",
+                        help="cuda: the calls as dispatched on a GPU (a profiler counts launches)")
     parser.add_argument("--tiny", action="store_true", help="the registry's tiny model (the tests' dry run)")
     args = parser.parse_args(argv)
 

@@ -159,6 +159,8 @@ class ProgressLines:
         self.stop = threading.Event()
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.read = 0  # bytes of the log already read
+        self.newest: tuple[int, float] | None = None  # (step, elapsed seconds) of the newest training record
+        self.said = False
 
     def __enter__(self) -> ProgressLines:
         self.thread.start()
@@ -167,6 +169,8 @@ class ProgressLines:
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join()
+        if not self.said:  # a training shorter than one interval still says its rate once
+            self._tick()
 
     def _latest(self) -> tuple[int, float] | None:
         """(step, elapsed seconds) of the newest training record, or None."""
@@ -190,12 +194,18 @@ class ProgressLines:
 
     def _watch(self) -> None:
         while not self.stop.wait(self.every):
-            latest = self._latest()
-            if latest is None:
-                continue
-            step, seconds = latest
-            if self.lines and seconds > 0 and step:
-                rate = step / seconds
-                left = int((self.total - step) / rate) if rate > 0 else 0
-                self.say(f"update {step}/{self.total} ({100 * step / self.total:.0f}%), {rate:.1f} updates/s, "
-                         f"about {left // 60}:{left % 60:02d} left")
+            self._tick()
+
+    def _tick(self) -> None:
+        latest = self._latest()
+        if latest is not None:
+            self.newest = latest
+        if self.newest is None:
+            return
+        step, seconds = self.newest
+        if self.lines and seconds > 0 and step:
+            rate = step / seconds
+            left = int((self.total - step) / rate) if rate > 0 else 0
+            self.say(f"update {step}/{self.total} ({100 * step / self.total:.0f}%), {rate:.1f} updates/s, "
+                     f"about {left // 60}:{left % 60:02d} left")
+            self.said = True

@@ -578,6 +578,24 @@ BUSY_DEMO = {"model.d_model": 64, "model.d_ff": 128, "model.enc_layers": 2, "mod
 BUSY_STEPS = 300
 
 
+def test_progress_lines_say_the_rate_once_even_for_a_training_shorter_than_their_interval(tmp_path: Path) -> None:
+    """No line came during the training (it was shorter than the interval): the last record is
+    said on the way out, once; with a terminal (``lines`` false) nothing is."""
+    from structnmt.demo_pipeline import ProgressLines
+
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"kind": "train", "step": 100, "elapsed_s": 4.0}\n{"kind": "valid", "step": 100}\n'
+                   '{"kind": "train", "step": 150, "elapsed_s": 5.0}\n{"kind": "train", "step": 1', encoding="utf-8")
+    said: list[str] = []
+    with ProgressLines(log, 300, said.append, lines=True, every=100.0):
+        pass
+    assert said == ["update 150/300 (50%), 30.0 updates/s, about 0:05 left"]
+    quiet: list[str] = []
+    with ProgressLines(log, 300, quiet.append, lines=False, every=100.0):
+        pass
+    assert quiet == []
+
+
 def test_the_demo_refuses_no_updates(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     for argv, expected in ((["--steps", "0"], "--steps: must be at least 1, got 0"),
                            (["--minutes", "-1"], "--minutes: must not be negative, got -1.0")):

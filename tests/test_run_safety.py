@@ -72,7 +72,7 @@ def test_two_trainings_on_one_out_dir_exactly_one_runs(data_dir, tmp_path):
     while not (log.is_file() and any(r["kind"] == "train" for r in read_log(log))) and time.time() < deadline:
         assert first.poll() is None, first.stderr.read()
         time.sleep(0.01)
-    assert time.time() < deadline, "the first training logged no update within 120 s"
+    assert log.is_file() and any(r["kind"] == "train" for r in read_log(log)), "the first training logged no update"
     first.send_signal(signal.SIGTERM)
     stdout, stderr = first.communicate(timeout=180)
     assert stdout.strip() == "interrupted", stderr

@@ -330,6 +330,8 @@ def test_killed_and_interrupted_runs_resume_exactly(data_dir, tmp_path):
     _wait_for_step(killed, tmp_path / "killed", kill_at)
     killed.send_signal(signal.SIGKILL)
     killed.wait()
+    kill_at = _newest_step(tmp_path / "killed")  # a poll that woke late killed it a step or two on
+    assert killed.returncode == -signal.SIGKILL and kill_at < steps, (killed.returncode, kill_at)
     assert newest_good_checkpoint(tmp_path / "killed") is not None
     resumed = _start(script, data_dir, tmp_path / "killed", steps, True)
     for proc in (straight, resumed):
