@@ -283,6 +283,13 @@ def test_a_kernel_count_that_fails_costs_its_cell_not_the_row(tmp_path, monkeypa
     assert [e.split(":")[0] for e in methods["errors"]] == ["sasa (kernel count)"], methods["errors"]
     (row,) = [line for line in report.splitlines() if line.startswith("| sasa |")]
     assert row.rstrip().endswith("| not counted |") and "not measured" not in row
+    # a counter that cannot be imported (it leans on a private torch module) costs the column only
+    monkeypatch.setitem(sys.modules, "kernel_counts", None)
+    assert g.main(["--cpu", "--sections", "methods", "--methods", "sasa", "--rounds", "1", "--out", str(out)]) == 0
+    report, data = read(out)
+    methods = data["sections"]["methods"]["data"]
+    assert methods["sasa"]["rounds"] == 1 and methods["sasa"]["kernels"] is methods["sasa"]["vanilla_kernels"] is None
+    assert [e.split(":")[0] for e in methods["errors"]] == ["vanilla (kernel count)", "sasa (kernel count)"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is here: the script runs for real")
