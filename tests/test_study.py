@@ -291,6 +291,28 @@ def test_the_training_rate_spans_readings_whose_clocks_differ(tmp_path):
     assert (step, bleu) == (15, 3.5) and rate == pytest.approx(0.2 / 10)
 
 
+@pytest.mark.slow
+def test_a_record_held_until_its_seed_is_whole_reads_held_and_is_not_run_again(recipes, tmp_path):
+    """A seed-major study holds a finished run's record in ``pending/`` beside its records: the
+    status calls it held (its BLEU, where it is), and a study run neither trains it again nor
+    counts it among the runs to do."""
+    path = _study_file(tmp_path, {"vanilla": recipes["vanilla"]}, name="heldout", seeds=(1,), max_steps=4)
+    assert run_study(path, report=False)["runs"] == {"vanilla/seed1": "done"}
+    study = load_study(path)
+    held = study.held_dir("vanilla", 1)
+    assert held == tmp_path / "heldout" / "pending" / "records" / "vanilla" / "seed1"
+    held.parent.mkdir(parents=True)
+    shutil.move(study.record_dir("vanilla", 1), held)
+    bleu = json.loads((held / "record.json").read_text())["scores"]["test"]["bleu"]
+    (row,) = study_status(path)
+    assert row["state"] == "held" and row["step"] == 4 and row["bleu"] == bleu, row
+    assert str(held) in row["note"] and "until seed 1 is whole" in row["note"]
+    table = format_status([row])
+    assert "1 held" in table and "not done" not in table  # nothing to forecast
+    assert run_study(path, report=False)["runs"] == {"vanilla/seed1": "held"}
+    assert not study.record_dir("vanilla", 1).exists()  # not trained again into the study's records
+
+
 # -- running ----------------------------------------------------------------------------------
 
 

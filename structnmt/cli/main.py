@@ -264,7 +264,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     result = api.run_study(args.study, jobs=args.jobs, executor=args.executor, only=args.only, seeds=args.seeds,
                            device=args.device, commit=True if args.commit else None)
     print(format_status(api.study_status(args.study)))
-    left = {run: status for run, status in result["runs"].items() if status != "done"}
+    left = {run: status for run, status in result["runs"].items() if status not in ("done", "held")}
     if left:  # exit 1 says that much; the line says which runs and what to do
         shown = ", ".join(f"{run} ({status}: {STUDY_STATUS_HINTS.get(status, 'see --status')})"
                           for run, status in list(left.items())[:5])

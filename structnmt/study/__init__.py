@@ -51,7 +51,7 @@ def _log_progress(run_dir: Path) -> tuple[int | None, float | None, float | None
 
 
 def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
-    """One row per run: state (done / stale / running / failed / interrupted / pending / damaged), step,
+    """One row per run: state (done / held / stale / running / failed / interrupted / pending / damaged), step,
     BLEU, a note, and the study file's ``executor.jobs`` (for the forecast of :func:`format_status`)."""
     from structnmt.locks import holder
     from structnmt.study.runs import (
@@ -95,6 +95,14 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
                 rows.append(row)
                 continue
             row.update(state="stale", note=f"{reason}: will rerun")
+        elif (held := _held_record(study, recipe, seed)) is not None:
+            scores = held.get("scores") or {}
+            test = first_test if first_test in scores else next(iter(scores), None)
+            row.update(state="held", step=held.get("updates"), bleu=scores[test]["bleu"] if test else None,
+                       note=f"{test} BLEU; recorded and held in {study.held_dir(recipe, seed)} until seed {seed} "
+                            "is whole (studies/pending/README.md)")
+            rows.append(row)
+            continue
         if not here:
             here.append(precision_here(study, recipe, seed))
         row["precision_here"] = here[0]
@@ -120,6 +128,15 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
                        share_left=max(0.0, 1 - step / study.max_steps))
         rows.append(row)
     return rows
+
+
+def _held_record(study: Study, recipe: str, seed: int) -> dict[str, Any] | None:
+    """The record held back for this run (:meth:`Study.held_dir`), or None."""
+    try:
+        held = json.loads((study.held_dir(recipe, seed) / "record.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return held if isinstance(held, dict) else None
 
 
 def _machine(record: dict[str, Any]) -> tuple[str, int] | None:
@@ -206,7 +223,7 @@ def _time_left(rows: list[dict[str, Any]], jobs: int = 1, here: tuple[str, int] 
     done = [r for r in rows if r["state"] == "done" and r.get("seconds")]
     alike = [r for r in done if here is not None and r.get("machine") == here]
     took = sorted(r["seconds"] for r in (alike or done))
-    todo = [r for r in rows if r["state"] not in ("done", "damaged")]
+    todo = [r for r in rows if r["state"] not in ("done", "damaged", "held")]
     if not took or not todo:
         return ""
     median = took[len(took) // 2] if len(took) % 2 else (took[len(took) // 2 - 1] + took[len(took) // 2]) / 2
@@ -339,6 +356,11 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
                 recorded.append(record.get("precision"))
                 continue
             _say(f"{recipe} seed {seed}: {reason}; running it again")
+        elif _held_record(study, recipe, seed) is not None:  # trained already, on its seed's machine kind
+            _say(f"{recipe} seed {seed}: recorded and held in {study.held_dir(recipe, seed)} until seed {seed} is "
+                 "whole: not run again (studies/pending/README.md says how it is taken in)")
+            results[f"{recipe}/seed{seed}"] = "held"
+            continue
         if (source := adoptable(study, recipe, seed)) is not None:
             adopt(study, recipe, seed, source)
             _say(f"{recipe} seed {seed}: adopted {source} (the same training digest and test view)")

@@ -209,6 +209,11 @@ class Study(StudyFile):
     def record_dir(self, recipe: str, seed: int) -> Path:
         return self.records / recipe / f"seed{seed}"
 
+    def held_dir(self, recipe: str, seed: int) -> Path:
+        """Where a seed-major study holds a finished run's record until its seed is whole
+        (``studies/pending/<records folder>/<recipe>/seed<N>``, beside the records' folder)."""
+        return self.records.parent / "pending" / self.records.name / recipe / f"seed{seed}"
+
     def test_view(self, cfg: ExperimentConfig) -> dict[str, Any]:
         """What decides a run's test scores once its weights are fixed: decoding and test sets."""
         view = {"decoding": json.loads(json.dumps(to_dict(cfg.decoding), default=str)),
