@@ -311,6 +311,15 @@ def test_a_record_held_until_its_seed_is_whole_reads_held_and_is_not_run_again(r
     assert "1 held" in table and "not done" not in table  # nothing to forecast
     assert run_study(path, report=False)["runs"] == {"vanilla/seed1": "held"}
     assert not study.record_dir("vanilla", 1).exists()  # not trained again into the study's records
+    # a seed held on a CPU and run on a GPU trains whole there: the held run is trained again
+    from structnmt.study import _held_elsewhere, _held_record
+
+    record = _held_record(study, "vanilla", 1)
+    assert _held_elsewhere(study, path, "vanilla", 1, record, None) is None
+    assert _held_elsewhere(study, path, "vanilla", 1, record, "cuda") == "it trained on cpu, this run trains on cuda"
+    record["cpu"] = "Another CPU"
+    (held / "record.json").write_text(json.dumps(record))
+    assert "another kind of machine" in _held_elsewhere(study, path, "vanilla", 1, record, None)
 
 
 # -- running ----------------------------------------------------------------------------------

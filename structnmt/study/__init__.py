@@ -139,6 +139,26 @@ def _held_record(study: Study, recipe: str, seed: int) -> dict[str, Any] | None:
     return held if isinstance(held, dict) else None
 
 
+def _held_elsewhere(study: Study, path: str | Path, recipe: str, seed: int, held: dict[str, Any],
+                    device: str | None) -> str | None:
+    """Why the held record's seed trained on another kind of machine than this run would (None:
+    the same kind), so that a seed begun on a CPU and run whole on a GPU trains every recipe there."""
+    import torch
+
+    from structnmt.study.same_machine import SAME, check
+
+    where = device or study.executor.device or study.run_config(recipe, seed).training.device
+    here = torch.device("cuda" if where == "auto" and torch.cuda.is_available() else
+                        "cpu" if where == "auto" else where).type
+    there = torch.device(str(held.get("device") or "cpu")).type
+    if here != there:
+        return f"it trained on {there}, this run trains on {here}"
+    if here != "cpu":
+        return None
+    status, line = check(str(path), recipe, seed, study.held_dir(recipe, seed).parents[2])
+    return None if status == SAME else line
+
+
 def _machine(record: dict[str, Any]) -> tuple[str, int] | None:
     """(CPU model, threads of its last call) a record trained on: runs on one kind of CPU at one
     thread count take about one time, and a study's records can come from several machines."""
@@ -356,11 +376,15 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
                 recorded.append(record.get("precision"))
                 continue
             _say(f"{recipe} seed {seed}: {reason}; running it again")
-        elif _held_record(study, recipe, seed) is not None:  # trained already, on its seed's machine kind
-            _say(f"{recipe} seed {seed}: recorded and held in {study.held_dir(recipe, seed)} until seed {seed} is "
-                 "whole: not run again (studies/pending/README.md says how it is taken in)")
-            results[f"{recipe}/seed{seed}"] = "held"
-            continue
+        elif (held := _held_record(study, recipe, seed)) is not None:
+            differs = _held_elsewhere(study, path, recipe, seed, held, device)
+            if differs is None:  # trained already, on this kind of machine
+                _say(f"{recipe} seed {seed}: recorded and held in {study.held_dir(recipe, seed)} until seed {seed} "
+                     "is whole: not run again (studies/pending/README.md says how it is taken in)")
+                results[f"{recipe}/seed{seed}"] = "held"
+                continue
+            _say(f"{recipe} seed {seed}: a record is held in {study.held_dir(recipe, seed)}, but {differs}: "
+                 f"trained here too, so that seed {seed} can be whole on one kind of machine")
         if (source := adoptable(study, recipe, seed)) is not None:
             adopt(study, recipe, seed, source)
             _say(f"{recipe} seed {seed}: adopted {source} (the same training digest and test view)")
