@@ -166,10 +166,10 @@ class ProgressLines:
         self.thread.start()
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: object, *exc: object) -> None:
         self.stop.set()
         self.thread.join()
-        if not self.said:  # a training shorter than one interval still says its rate once
+        if not self.said and kind is None:  # a training shorter than one interval still says its rate once
             self._tick()
 
     def _latest(self) -> tuple[int, float] | None:
@@ -206,6 +206,6 @@ class ProgressLines:
         if self.lines and seconds > 0 and step:
             rate = step / seconds
             left = int((self.total - step) / rate) if rate > 0 else 0
-            self.say(f"update {step}/{self.total} ({100 * step / self.total:.0f}%), {rate:.1f} updates/s, "
-                     f"about {left // 60}:{left % 60:02d} left")
+            self.say(f"update {step}/{self.total} ({100 * step / self.total:.0f}%), {rate:.1f} updates/s"
+                     + (f", about {left // 60}:{left % 60:02d} left" if step < self.total else ""))
             self.said = True

@@ -594,6 +594,13 @@ def test_progress_lines_say_the_rate_once_even_for_a_training_shorter_than_their
     with ProgressLines(log, 300, quiet.append, lines=False, every=100.0):
         pass
     assert quiet == []
+    with pytest.raises(KeyboardInterrupt), ProgressLines(log, 300, quiet.append, lines=True, every=100.0):
+        raise KeyboardInterrupt  # a training that stopped on an error: its error alone is said
+    assert quiet == []
+    done: list[str] = []
+    with ProgressLines(log, 150, done.append, lines=True, every=100.0):
+        pass
+    assert done == ["update 150/150 (100%), 30.0 updates/s"]  # nothing is left to give a time for
 
 
 def test_the_demo_refuses_no_updates(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:

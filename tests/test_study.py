@@ -294,32 +294,44 @@ def test_the_training_rate_spans_readings_whose_clocks_differ(tmp_path):
 @pytest.mark.slow
 def test_a_record_held_until_its_seed_is_whole_reads_held_and_is_not_run_again(recipes, tmp_path):
     """A seed-major study holds a finished run's record in ``pending/`` beside its records: the
-    status calls it held (its BLEU, where it is), and a study run neither trains it again nor
-    counts it among the runs to do."""
-    path = _study_file(tmp_path, {"vanilla": recipes["vanilla"]}, name="heldout", seeds=(1,), max_steps=4)
-    assert run_study(path, report=False)["runs"] == {"vanilla/seed1": "done"}
+    status calls it held (its BLEU, where it is) and leaves it out of the forecast, and a study
+    run does not train it again, unless the call names its seed on another kind of machine (the
+    seed is then trained whole there). A damaged held record is named, never trained over."""
+    path = _study_file(tmp_path, {"vanilla": recipes["vanilla"], "pascal": recipes["pascal"]}, name="heldout",
+                       seeds=(1,), max_steps=4)
+    assert run_study(path, report=False)["runs"] == {"vanilla/seed1": "done", "pascal/seed1": "done"}
     study = load_study(path)
-    held = study.held_dir("vanilla", 1)
-    assert held == tmp_path / "heldout" / "pending" / "records" / "vanilla" / "seed1"
+    held = study.held_dir("pascal", 1)
+    assert held == tmp_path / "heldout" / "pending" / "records" / "pascal" / "seed1"
     held.parent.mkdir(parents=True)
-    shutil.move(study.record_dir("vanilla", 1), held)
+    shutil.move(study.record_dir("pascal", 1), held)
     bleu = json.loads((held / "record.json").read_text())["scores"]["test"]["bleu"]
-    (row,) = study_status(path)
-    assert row["state"] == "held" and row["step"] == 4 and row["bleu"] == bleu, row
-    assert str(held) in row["note"] and "until seed 1 is whole" in row["note"]
-    table = format_status([row])
-    assert "1 held" in table and "not done" not in table  # nothing to forecast
-    assert run_study(path, report=False)["runs"] == {"vanilla/seed1": "held"}
-    assert not study.record_dir("vanilla", 1).exists()  # not trained again into the study's records
-    # a seed held on a CPU and run on a GPU trains whole there: the held run is trained again
-    from structnmt.study import _held_elsewhere, _held_record
+    rows = {r["recipe"]: r for r in study_status(path)}
+    assert rows["pascal"]["state"] == "held" and rows["pascal"]["step"] == 4 and rows["pascal"]["bleu"] == bleu
+    assert str(held) in rows["pascal"]["note"] and "until seed 1 is whole" in rows["pascal"]["note"]
+    table = format_status(list(rows.values()))
+    assert "1 done, 1 held" in table and "not done" not in table  # vanilla's time is known, nothing is left
+    assert run_study(path, report=False)["runs"] == {"pascal/seed1": "held"}
+    assert not study.record_dir("pascal", 1).exists()  # not trained again into the study's records
 
-    record = _held_record(study, "vanilla", 1)
-    assert _held_elsewhere(study, path, "vanilla", 1, record, None) is None
-    assert _held_elsewhere(study, path, "vanilla", 1, record, "cuda") == "it trained on cpu, this run trains on cuda"
+    from structnmt.study import _held_elsewhere
+
+    record = json.loads((held / "record.json").read_text())
+    assert _held_elsewhere(study, path, "pascal", 1, record, None) is None
+    assert _held_elsewhere(study, path, "pascal", 1, record, "cuda") == "it trained on cpu, this run trains on cuda"
+    # held from another kind of CPU: a plain run keeps it held; one that names seed 1 trains it here
     record["cpu"] = "Another CPU"
     (held / "record.json").write_text(json.dumps(record))
-    assert "another kind of machine" in _held_elsewhere(study, path, "vanilla", 1, record, None)
+    assert run_study(path, report=False)["runs"] == {"pascal/seed1": "held"}
+    assert run_study(path, report=False, seeds=[1])["runs"] == {"pascal/seed1": "done"}
+    assert study.record_dir("pascal", 1).is_dir()
+    # damaged while held: named, in the status and by a study run, and never trained over
+    shutil.rmtree(study.record_dir("pascal", 1))
+    (held / "record.json").write_text("{not json")
+    (row,) = [r for r in study_status(path) if r["recipe"] == "pascal"]
+    assert row["state"] == "damaged" and str(held / "record.json") in row["note"], row
+    assert run_study(path, report=False)["runs"] == {"pascal/seed1": "damaged"}
+    assert not study.record_dir("pascal", 1).exists()
 
 
 # -- running ----------------------------------------------------------------------------------

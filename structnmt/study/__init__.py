@@ -95,14 +95,25 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
                 rows.append(row)
                 continue
             row.update(state="stale", note=f"{reason}: will rerun")
-        elif (held := _held_record(study, recipe, seed)) is not None:
-            scores = held.get("scores") or {}
-            test = first_test if first_test in scores else next(iter(scores), None)
-            row.update(state="held", step=held.get("updates"), bleu=scores[test]["bleu"] if test else None,
-                       note=f"{test} BLEU; recorded and held in {study.held_dir(recipe, seed)} until seed {seed} "
-                            "is whole (studies/pending/README.md)")
-            rows.append(row)
-            continue
+        held_note = ""
+        if record is None:
+            state, held, why = held_state(study, recipe, seed)
+            live = holder(run_dir / STUDY_LOCK) is not None or holder(run_dir) is not None \
+                or read_failure(study, recipe, seed) is not None
+            if state == "damaged":
+                row.update(state="damaged", note=why)
+                rows.append(row)
+                continue
+            if state == "held" and not live:
+                scores = held.get("scores") or {}
+                test = first_test if first_test in scores else next(iter(scores), None)
+                row.update(state="held", step=held.get("updates"), bleu=scores[test]["bleu"] if test else None,
+                           note=f"{test} BLEU; recorded and held in {study.held_dir(recipe, seed)} until seed "
+                                f"{seed} is whole (studies/pending/README.md)")
+                rows.append(row)
+                continue
+            if state != "none":
+                held_note = f"; a held record: {why}" if state == "stale" else "; a record of it is held too"
         if not here:
             here.append(precision_here(study, recipe, seed))
         row["precision_here"] = here[0]
@@ -126,17 +137,26 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
                 note += f"; it trained in {before}, this machine would go on in {here[0]}"
             row.update(state="interrupted", step=step, bleu=valid_bleu, note=note,
                        share_left=max(0.0, 1 - step / study.max_steps))
+        row["note"] += held_note
         rows.append(row)
     return rows
 
 
-def _held_record(study: Study, recipe: str, seed: int) -> dict[str, Any] | None:
-    """The record held back for this run (:meth:`Study.held_dir`), or None."""
-    try:
-        held = json.loads((study.held_dir(recipe, seed) / "record.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return held if isinstance(held, dict) else None
+def held_state(study: Study, recipe: str, seed: int) -> tuple[str, dict[str, Any] | None, str]:
+    """The record held back for this run (:meth:`Study.held_dir`): ("none", None, ""), ("held",
+    record, ""), ("stale", record, why: it no longer stands for the recipe) or ("damaged", None,
+    what to do), checked as the study's own records are."""
+    from structnmt.study.runs import RECORD, damage_message, read_checked, stale_reason
+
+    folder = study.held_dir(recipe, seed)
+    record, why = read_checked(folder, recipe, seed)
+    if why is not None:
+        return "damaged", None, damage_message(folder / RECORD, why)
+    if record is None:
+        return "none", None, ""
+    if (reason := stale_reason(study, recipe, seed, record)) is not None:
+        return "stale", record, reason
+    return "held", record, ""
 
 
 def _held_elsewhere(study: Study, path: str | Path, recipe: str, seed: int, held: dict[str, Any],
@@ -148,9 +168,8 @@ def _held_elsewhere(study: Study, path: str | Path, recipe: str, seed: int, held
     from structnmt.study.same_machine import SAME, check
 
     where = device or study.executor.device or study.run_config(recipe, seed).training.device
-    here = torch.device("cuda" if where == "auto" and torch.cuda.is_available() else
-                        "cpu" if where == "auto" else where).type
-    there = torch.device(str(held.get("device") or "cpu")).type
+    here = "cuda" if where == "auto" and torch.cuda.is_available() else "cpu" if where == "auto" else where
+    here, there = here.split(":")[0], str(held.get("device") or "cpu").split(":")[0]
     if here != there:
         return f"it trained on {there}, this run trains on {here}"
     if here != "cpu":
@@ -376,15 +395,31 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
                 recorded.append(record.get("precision"))
                 continue
             _say(f"{recipe} seed {seed}: {reason}; running it again")
-        elif (held := _held_record(study, recipe, seed)) is not None:
-            differs = _held_elsewhere(study, path, recipe, seed, held, device)
-            if differs is None:  # trained already, on this kind of machine
-                _say(f"{recipe} seed {seed}: recorded and held in {study.held_dir(recipe, seed)} until seed {seed} "
-                     "is whole: not run again (studies/pending/README.md says how it is taken in)")
-                results[f"{recipe}/seed{seed}"] = "held"
+        else:
+            state, held, why = held_state(study, recipe, seed)
+            where = study.held_dir(recipe, seed)
+            if state == "damaged":  # never trained over: named, as a damaged record of the study's is
+                _say(f"{recipe} seed {seed}: {why}")
+                results[f"{recipe}/seed{seed}"] = "damaged"
                 continue
-            _say(f"{recipe} seed {seed}: a record is held in {study.held_dir(recipe, seed)}, but {differs}: "
-                 f"trained here too, so that seed {seed} can be whole on one kind of machine")
+            if state == "stale":
+                _say(f"{recipe} seed {seed}: the record held in {where} {why}; running it again")
+            elif state == "held":
+                differs = None
+                if seeds and seed in seeds:  # only a call that names the seed trains it whole elsewhere
+                    try:
+                        differs = _held_elsewhere(study, path, recipe, seed, held, device)
+                    except Exception as err:  # noqa: BLE001 (unsure: keep the held record, never crash)
+                        _say(f"{recipe} seed {seed}: could not tell where its held record trained ({err}); "
+                             "not run again")
+                if differs is None:
+                    _say(f"{recipe} seed {seed}: recorded and held in {where} until seed {seed} is whole: not "
+                         f"run again (studies/pending/README.md; --seeds {seed} on another kind of machine trains "
+                         "the seed whole there)")
+                    results[f"{recipe}/seed{seed}"] = "held"
+                    continue
+                _say(f"{recipe} seed {seed}: a record is held in {where}, but {differs}: trained here too, so "
+                     f"that seed {seed} can be whole on one kind of machine")
         if (source := adoptable(study, recipe, seed)) is not None:
             adopt(study, recipe, seed, source)
             _say(f"{recipe} seed {seed}: adopted {source} (the same training digest and test view)")
@@ -428,7 +463,9 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
             outcome = run_submitit(study, runnable, "local" if kind == "submitit-local" else "slurm", progress)
         results.update({f"{r}/seed{s}": status for (r, s), status in outcome.items()})
     else:
-        _say("every run is recorded and current")
+        held_back = sum(status == "held" for status in results.values())
+        _say("every run is recorded and current" + (f" ({held_back} of them held until their seed is whole)"
+                                                     if held_back else ""))
     report_path = None
     standing = study.records / "report.md"
     if report and not todo and not adopted and standing.is_file():

@@ -210,8 +210,9 @@ class Study(StudyFile):
         return self.records / recipe / f"seed{seed}"
 
     def held_dir(self, recipe: str, seed: int) -> Path:
-        """Where a seed-major study holds a finished run's record until its seed is whole
-        (``studies/pending/<records folder>/<recipe>/seed<N>``, beside the records' folder)."""
+        """Where a seed-major study holds a finished run's record until its seed is whole:
+        ``pending/<records folder>/<recipe>/seed<N>`` beside the records' folder, which is where
+        ``studies/pinned_lane.sh`` puts it for a study whose records lie in ``studies/``."""
         return self.records.parent / "pending" / self.records.name / recipe / f"seed{seed}"
 
     def test_view(self, cfg: ExperimentConfig) -> dict[str, Any]:
