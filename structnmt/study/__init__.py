@@ -82,9 +82,8 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
         run_dir = study.run_dir(recipe, seed)
         if record is not None:
             reason = stale_reason(study, recipe, seed, record)
-            scores = record.get("scores") or {}
-            test = first_test if first_test in scores else next(iter(scores), None)
-            row.update(step=record.get("updates"), bleu=scores[test]["bleu"] if test else None,
+            test, bleu = _shown_bleu(record, first_test)
+            row.update(step=record.get("updates"), bleu=bleu,
                        note=f"{test} BLEU" if test else "", precision=record.get("precision"),
                        seconds=(record.get("train_seconds") or 0) + (record.get("test_seconds") or 0),
                        machine=_machine(record))
@@ -95,19 +94,18 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
                 rows.append(row)
                 continue
             row.update(state="stale", note=f"{reason}: will rerun")
+        locked = holder(run_dir / STUDY_LOCK) is not None or holder(run_dir) is not None
+        failure = read_failure(study, recipe, seed)
         held_note = ""
         if record is None:
             state, held, why = held_state(study, recipe, seed)
-            live = holder(run_dir / STUDY_LOCK) is not None or holder(run_dir) is not None \
-                or read_failure(study, recipe, seed) is not None
             if state == "damaged":
                 row.update(state="damaged", note=why)
                 rows.append(row)
                 continue
-            if state == "held" and not live:
-                scores = held.get("scores") or {}
-                test = first_test if first_test in scores else next(iter(scores), None)
-                row.update(state="held", step=held.get("updates"), bleu=scores[test]["bleu"] if test else None,
+            if state == "held" and not locked and failure is None:
+                test, bleu = _shown_bleu(held, first_test)
+                row.update(state="held", step=held.get("updates"), bleu=bleu,
                            note=f"{test} BLEU; recorded and held in {study.held_dir(recipe, seed)} until seed "
                                 f"{seed} is whole (studies/pending/README.md)")
                 rows.append(row)
@@ -118,13 +116,13 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
             here.append(precision_here(study, recipe, seed))
         row["precision_here"] = here[0]
         step, valid_bleu, per_update = _log_progress(run_dir)  # only runs without a standing record
-        if holder(run_dir / STUDY_LOCK) is not None or holder(run_dir) is not None:
+        if locked:
             note = ["valid BLEU so far" if valid_bleu is not None else "no validation yet"]
             if per_update and step is not None and step < study.max_steps:
                 note.append(f"about {(study.max_steps - step) * per_update / 60:.0f} min of training left")
                 row["seconds_left"] = (study.max_steps - step) * per_update
             row.update(state="running", step=step, bleu=valid_bleu, note="; ".join(note))
-        elif (failure := read_failure(study, recipe, seed)) is not None and row["state"] != "stale":
+        elif failure is not None and row["state"] != "stale":
             tail = failure.get("log_tail") or []
             row.update(state="failed", step=step, note=failure.get("error", "")[:200],
                        log_tail=tail[-5:])
@@ -140,6 +138,13 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
         row["note"] += held_note
         rows.append(row)
     return rows
+
+
+def _shown_bleu(record: dict[str, Any], first_test: str | None) -> tuple[str | None, float | None]:
+    """(test set, BLEU) a status row shows for a record: the study's first test set where scored."""
+    scores = record.get("scores") or {}
+    test = first_test if first_test in scores else next(iter(scores), None)
+    return test, scores[test]["bleu"] if test else None
 
 
 def held_state(study: Study, recipe: str, seed: int) -> tuple[str, dict[str, Any] | None, str]:
@@ -163,18 +168,17 @@ def _held_elsewhere(study: Study, path: str | Path, recipe: str, seed: int, held
                     device: str | None) -> str | None:
     """Why the held record's seed trained on another kind of machine than this run would (None:
     the same kind), so that a seed begun on a CPU and run whole on a GPU trains every recipe there."""
-    import torch
-
+    from structnmt.decoding.translator import resolve_device
     from structnmt.study.same_machine import SAME, check
 
     where = device or study.executor.device or study.run_config(recipe, seed).training.device
-    here = "cuda" if where == "auto" and torch.cuda.is_available() else "cpu" if where == "auto" else where
-    here, there = here.split(":")[0], str(held.get("device") or "cpu").split(":")[0]
+    here = resolve_device(where).type if where == "auto" else where.split(":")[0]
+    there = str(held.get("device") or "cpu").split(":")[0]
     if here != there:
         return f"it trained on {there}, this run trains on {here}"
     if here != "cpu":
         return None
-    status, line = check(str(path), recipe, seed, study.held_dir(recipe, seed).parents[2])
+    status, line = check(str(path), recipe, seed, study.held_root)
     return None if status == SAME else line
 
 

@@ -209,11 +209,15 @@ class Study(StudyFile):
     def record_dir(self, recipe: str, seed: int) -> Path:
         return self.records / recipe / f"seed{seed}"
 
+    @property
+    def held_root(self) -> Path:
+        """The ``pending/`` folder beside the records' folder, where a seed-major study holds
+        finished runs' records until their seed is whole (``studies/pinned_lane.sh`` puts them
+        there for a study whose records lie in ``studies/``; ``same_machine`` reads it)."""
+        return self.records.parent / "pending"
+
     def held_dir(self, recipe: str, seed: int) -> Path:
-        """Where a seed-major study holds a finished run's record until its seed is whole:
-        ``pending/<records folder>/<recipe>/seed<N>`` beside the records' folder, which is where
-        ``studies/pinned_lane.sh`` puts it for a study whose records lie in ``studies/``."""
-        return self.records.parent / "pending" / self.records.name / recipe / f"seed{seed}"
+        return self.held_root / self.records.name / recipe / f"seed{seed}"
 
     def test_view(self, cfg: ExperimentConfig) -> dict[str, Any]:
         """What decides a run's test scores once its weights are fixed: decoding and test sets."""
