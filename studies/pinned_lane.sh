@@ -11,14 +11,15 @@
 # (../structnmt-COMMIT, or $PINNED_DIR) shares this checkout's ignored runs/, data/ and parsers/ by
 # links. Each run trains on one thread (THREADS), niced (NICE); what it prints goes to
 # runs/logs/STUDY/RECIPE_sSEED.log, what the lane does to runs/logs/lane_PID.log. A finished
-# record moves from the worktree into this checkout's studies/pending/STUDY/RECIPE/seedN, to be
+# record moves from the worktree into this checkout's pending/STUDY/RECIPE/seedN beside the study's
+# records (Study.held_dir: studies/pending/... for records in studies/), to be
 # taken into the study once its seed is whole (studies/pending/README.md). A run whose seed has
 # records from another kind of machine or precision is not started (structnmt.study.same_machine;
 # ALLOW_OTHER_MACHINE=1 starts it all the same). Stop one lane with
 # `kill -TERM -- -PID` (PID in runs/logs/lane_PID.pid; its run checkpoints and the lane ends).
 set -uo pipefail
 if [ $# -lt 3 ]; then
-  sed -n 2,18p "$0" | sed 's/^# \{0,1\}//'
+  sed -n 2,19p "$0" | sed 's/^# \{0,1\}//'
   exit 2
 fi
 main=$(cd "$(dirname "$0")/.." && pwd)
@@ -73,7 +74,10 @@ for item in "$@"; do
 s = load_study(sys.argv[1]); s.recipe(sys.argv[2])  # raises (any commit) for a recipe it lacks
 print(s.record_dir(sys.argv[2], int(sys.argv[3])))" "$study" "$recipe" "$seed" 2>> "$log") \
     || { say "$item: $study at $short has no such recipe, or cannot be read (above), skipped"; continue; }
-  held="$main/studies/pending/$(basename "$(dirname "$(dirname "$record")")")/$recipe/seed$seed"
+  # where this checkout's code holds a finished record (Study.held_dir; the pinned commit may predate it)
+  held=$(cd "$main" && python -c "import sys; from structnmt.study.spec import load_study
+print(load_study(sys.argv[1]).held_dir(sys.argv[2], int(sys.argv[3])).resolve())" "$study" "$recipe" "$seed" 2>> "$log") \
+    || { say "$item: this checkout cannot read $study (above), skipped"; continue; }
   if [ -f "$held/record.json" ] || [ -f "$main/$record/record.json" ]; then
     say "$item: recorded already"
     continue
