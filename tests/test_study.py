@@ -185,7 +185,7 @@ def test_a_pinned_lane_refuses_what_it_cannot_pin_before_it_makes_a_worktree(arg
     assert not (tmp_path / "worktree").exists()
 
 
-def test_a_lane_is_told_when_its_seed_trained_on_another_kind_of_machine(recipes, tmp_path):
+def test_a_lane_is_told_when_its_seed_trained_on_another_kind_of_machine(recipes, tmp_path, capsys):
     # seed 5 of the converged study began on an AVX-512 CPU in bf16; a lane on an AVX2 CPU (fp32
     # there) must hear so before it spends hours, held-back records counted
     from structnmt.study.same_machine import main, other_kinds, seed_records
@@ -210,6 +210,7 @@ def test_a_lane_is_told_when_its_seed_trained_on_another_kind_of_machine(recipes
     assert other_kinds({"vanilla": found["vanilla"]}, "AMD EPYC (AVX512)", "bfloat16") == {}
     assert main([str(path), "vanilla", "5", str(tmp_path / "pending")]) == 3  # two kinds: one is not this one
     assert main([str(path), "vanilla", "1"]) == 0  # nothing recorded yet
+    assert "seed 1: no records yet, so any kind of machine will do (this one: " in capsys.readouterr().out
     assert main([str(path), "nobody", "1"]) == 2 and main([str(path), "vanilla", "one"]) == 2
     (held / "record.json").write_text("{not json")  # a damaged record stops the lane, named
     assert main([str(path), "vanilla", "5", str(tmp_path / "pending")]) == 2

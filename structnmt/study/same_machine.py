@@ -80,6 +80,9 @@ def check(study: str, recipe: str, seed: int, held: Path | None) -> tuple[int, s
     precision = precision_here(spec, recipe, seed)  # None: not known here
     records = seed_records(spec, seed, held)
     other = other_kinds(records, here, precision)
+    if not records:  # the first run of its seed: this machine sets the seed's kind
+        return SAME, (f"seed {seed}: no records yet, so any kind of machine will do (this one: {here}"
+                      + (f", {precision})" if precision else ")"))
     if not other:
         return SAME, (f"seed {seed}: {counted(len(records), 'record')}, all on {here}"
                       + (f", none in another precision than {precision}" if precision else ""))
