@@ -434,12 +434,13 @@ def run_study(study: str | Path, jobs: int | None = None,
 
 
 @checked
-def study_status(study: str | Path) -> list[dict[str, Any]]:
-    """Where every run of a study stands: one row per recipe and seed (``state``: done,
-    stale, running, failed, interrupted or pending; ``step``; ``bleu``; ``note``)."""
+def study_status(study: str | Path, seeds: list[int] | None = None) -> list[dict[str, Any]]:
+    """Where every run of a study stands: one row per recipe and seed (``state``: done, held,
+    stale, running, failed, interrupted or pending; ``step``; ``bleu``; ``note``); ``seeds``:
+    only these, also seeds that train beside the study before they join its file."""
     from structnmt.study import study_status as status
 
-    return status(study)
+    return status(study, seeds)
 
 
 @checked

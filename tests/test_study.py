@@ -335,6 +335,22 @@ def test_a_record_held_until_its_seed_is_whole_reads_held_and_is_not_run_again(r
     assert not study.record_dir("pascal", 1).exists()
 
 
+def test_the_status_shows_a_seed_that_trains_beside_the_study_before_it_joins_its_file(recipes, tmp_path, capsys):
+    # seeds 6 and 7 of the converged study train whole in pinned lanes before the study file names
+    # them: `--status --seeds 7` must show where each of their runs stands, every recipe listed
+    from structnmt.cli.main import main
+
+    path = _study_file(tmp_path, {"vanilla": recipes["vanilla"], "pascal": recipes["pascal"]}, seeds=(1, 2))
+    assert [(r["recipe"], r["seed"]) for r in study_status(path, [7, 1])] == [
+        ("vanilla", 7), ("pascal", 7), ("vanilla", 1), ("pascal", 1)]
+    assert [r["seed"] for r in study_status(path)] == [1, 1, 2, 2]  # no seeds: the study's own
+    with pytest.raises(ConfigError, match="--seeds"):
+        study_status(path, [-1])
+    assert main(["study", str(path), "--status", "--seeds", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "vanilla                     7  pending" in out and " 1  pending" not in out and "2 pending" in out
+
+
 # -- running ----------------------------------------------------------------------------------
 
 
@@ -1067,7 +1083,7 @@ def test_status_time_left_honours_jobs_and_runs_in_progress(monkeypatch):
     from structnmt import api
     from structnmt.cli.main import main
 
-    monkeypatch.setattr(api, "study_status", lambda _path: rows)
+    monkeypatch.setattr(api, "study_status", lambda _path, seeds=None: rows)
     with contextlib.redirect_stdout(io.StringIO()) as out:
         assert main(["study", "any.yaml", "--status", "--jobs", "2"]) == 0
     assert out.getvalue().splitlines()[-1] == two

@@ -255,7 +255,7 @@ def cmd_study(args: argparse.Namespace) -> int:
     if args.out and not args.report:  # it was ignored: a run's report went to RECORDS/report.md instead
         raise ConfigError("--out only names a report's file: give --report with it")
     if args.status:  # --jobs: the forecast's runs at once (default: the study file's executor.jobs)
-        print(format_status(api.study_status(args.study), jobs=args.jobs))
+        print(format_status(api.study_status(args.study, seeds=args.seeds), jobs=args.jobs))
         return 0
     if args.report:
         print(f"report written to {api.study_report(args.study, args.out, args.baseline)}")
@@ -536,7 +536,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--executor", choices=["local", "slurm", "submitit-local"],
                    help="default: the study file's executor.kind; submitit-local runs the SLURM path here")
     s.add_argument("--only", nargs="+", metavar="RECIPE", help="run only these recipes")
-    s.add_argument("--seeds", nargs="+", type=int, metavar="SEED", help="run only these seeds")
+    s.add_argument("--seeds", nargs="+", type=int, metavar="SEED",
+                   help="run only these seeds; with --status: show only these, also seeds that "
+                        "train beside the study before they join its file (studies/pending/README.md)")
     s.add_argument("--device", help="train every run here (auto, cpu, cuda, cuda:N): the study file's "
                    "executor.device for this call")
     s.add_argument("--commit", action="store_true",

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from structnmt.config import check_count
+from structnmt.errors import ConfigError
 from structnmt.study.spec import Study, is_device, load_study
 from structnmt.wording import counted
 
@@ -50,9 +51,10 @@ def _log_progress(run_dir: Path) -> tuple[int | None, float | None, float | None
     return step, bleu, rate
 
 
-def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
+def study_status(study: Study | str | Path, seeds: list[int] | None = None) -> list[dict[str, Any]]:
     """One row per run: state (done / held / stale / running / failed / interrupted / pending / damaged), step,
-    BLEU, a note, and the study file's ``executor.jobs`` (for the forecast of :func:`format_status`)."""
+    BLEU, a note, and the study file's ``executor.jobs`` (for the forecast of :func:`format_status`).
+    ``seeds``: only these, which may lie beside the study (a seed trained whole before it joins the file)."""
     from structnmt.locks import holder
     from structnmt.study.runs import (
         STUDY_LOCK,
@@ -71,7 +73,9 @@ def study_status(study: Study | str | Path) -> list[dict[str, Any]]:
     first_test = (study.test_sets or [None])[0]
     here: list[str | None] = []  # computed once, and only when a run is not done
     rows = []
-    for recipe, seed in study.runs():
+    if seeds is not None and (bad := sorted(s for s in seeds if s < 0)):
+        raise ConfigError(f"a seed is a whole number ≥ 0, got {', '.join(map(str, bad))}", "--seeds")
+    for recipe, seed in (study.runs() if seeds is None else study.runs_of_seeds(seeds)):
         row: dict[str, Any] = {"recipe": recipe, "seed": seed, "state": "pending", "step": None, "bleu": None,
                                "note": "", "jobs": study.executor.jobs, "threads_setting": study.executor.threads}
         if (damage := record_damage(study, recipe, seed)) is not None:
