@@ -204,12 +204,13 @@ class Study(StudyFile):
         return [(name, seed) for seed in seeds for name in order if seed in self.seeds_of(name)]
 
     def runs_of_seeds(self, seeds: list[int]) -> list[tuple[str, int]]:
-        """(recipe, seed) of these seeds in run order: a seed of the study as :meth:`runs` has it,
-        a seed beside the study (trained whole before it joins ``seeds``) with every recipe."""
+        """(recipe, seed) of these seeds, in the order given, each once: a seed of the study as
+        :meth:`runs` has it, a seed beside the study (trained whole before it joins ``seeds``) with
+        every recipe that has no seeds of its own."""
         known = {seed for _, seed in self.runs()}
         order = [self.baseline] + [r.name for r in self.recipes if r.name != self.baseline]
-        return [(name, seed) for seed in seeds for name in order
-                if seed not in known or seed in self.seeds_of(name)]
+        return [(name, seed) for seed in dict.fromkeys(seeds) for name in order
+                if seed in self.seeds_of(name) or (seed not in known and self.recipe(name).seeds is None)]
 
     def run_dir(self, recipe: str, seed: int) -> Path:
         return self.work_dir / recipe / f"seed{seed}"
