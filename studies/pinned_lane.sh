@@ -74,10 +74,13 @@ for item in "$@"; do
 s = load_study(sys.argv[1]); s.recipe(sys.argv[2])  # raises (any commit) for a recipe it lacks
 print(s.record_dir(sys.argv[2], int(sys.argv[3])))" "$study" "$recipe" "$seed" 2>> "$log") \
     || { say "$item: $study at $short has no such recipe, or cannot be read (above), skipped"; continue; }
-  # where this checkout's code holds a finished record (Study.held_dir; the pinned commit may predate it)
+  # where this checkout's code holds finished records (Study.held_root, held_dir; the pinned commit
+  # may predate them): the folder the machine check reads, and this run's record's place in it
   held=$(cd "$main" && python -c "import sys; from structnmt.study.spec import load_study
-print(load_study(sys.argv[1]).held_dir(sys.argv[2], int(sys.argv[3])).resolve())" "$study" "$recipe" "$seed" 2>> "$log") \
+s = load_study(sys.argv[1]); print(s.held_root.resolve()); print(s.held_dir(sys.argv[2], int(sys.argv[3])).resolve())" \
+    "$study" "$recipe" "$seed" 2>> "$log") \
     || { say "$item: this checkout cannot read $study (above), skipped"; continue; }
+  held_root=${held%%$'\n'*}; held=${held#*$'\n'}
   if [ -f "$held/record.json" ] || [ -f "$main/$record/record.json" ]; then
     say "$item: recorded already"
     continue
@@ -86,7 +89,7 @@ print(load_study(sys.argv[1]).held_dir(sys.argv[2], int(sys.argv[3])).resolve())
     # a seed's runs train on one kind of machine, in one precision: a lane on another kind skips
     # the run (ALLOW_OTHER_MACHINE=1 trains all the same; the report then warns that the seed mixes).
     # The check runs from this checkout (the pinned commit may predate it) and reads its study file.
-    said=$(cd "$main" && python -m structnmt.study.same_machine "$study" "$recipe" "$seed" "$main/studies/pending" 2>&1)
+    said=$(cd "$main" && python -m structnmt.study.same_machine "$study" "$recipe" "$seed" "$held_root" 2>&1)
     code=$?
     stopped
     case $code in

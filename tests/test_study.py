@@ -340,10 +340,12 @@ def test_the_status_shows_a_seed_that_trains_beside_the_study_before_it_joins_it
     # them: `--status --seeds 7` must show where each of their runs stands, every recipe listed
     from structnmt.cli.main import main
 
-    path = _study_file(tmp_path, {"vanilla": recipes["vanilla"], "pascal": recipes["pascal"]}, seeds=(1, 2))
-    assert [(r["recipe"], r["seed"]) for r in study_status(path, [7, 1])] == [
-        ("vanilla", 7), ("pascal", 7), ("vanilla", 1), ("pascal", 1)]
-    assert [r["seed"] for r in study_status(path)] == [1, 1, 2, 2]  # no seeds: the study's own
+    costly = {"name": "costly", "config": str(recipes["vanilla"]), "seeds": [1]}  # a recipe with seeds of its own
+    path = _study_file(tmp_path, {"vanilla": recipes["vanilla"], "pascal": recipes["pascal"]}, seeds=(1, 2),
+                       extra=[costly])
+    assert [(r["recipe"], r["seed"]) for r in study_status(path, [7, 1, 7])] == [
+        ("vanilla", 7), ("pascal", 7), ("vanilla", 1), ("pascal", 1), ("costly", 1)]  # each seed once
+    assert [r["seed"] for r in study_status(path)] == [1, 1, 1, 2, 2]  # no seeds: the study's own
     with pytest.raises(ConfigError, match="--seeds"):
         study_status(path, [-1])
     assert main(["study", str(path), "--status", "--seeds", "7"]) == 0

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from structnmt.config import check_count
-from structnmt.errors import ConfigError
 from structnmt.study.spec import Study, is_device, load_study
 from structnmt.wording import counted
 
@@ -73,8 +72,8 @@ def study_status(study: Study | str | Path, seeds: list[int] | None = None) -> l
     first_test = (study.test_sets or [None])[0]
     here: list[str | None] = []  # computed once, and only when a run is not done
     rows = []
-    if seeds is not None and (bad := sorted(s for s in seeds if s < 0)):
-        raise ConfigError(f"a seed is a whole number ≥ 0, got {', '.join(map(str, bad))}", "--seeds")
+    for seed in seeds or []:
+        check_count(seed, "--seeds", 0)
     for recipe, seed in (study.runs() if seeds is None else study.runs_of_seeds(seeds)):
         row: dict[str, Any] = {"recipe": recipe, "seed": seed, "state": "pending", "step": None, "bleu": None,
                                "note": "", "jobs": study.executor.jobs, "threads_setting": study.executor.threads}

@@ -198,18 +198,21 @@ class Study(StudyFile):
         """(recipe, seed) in the order they run: seed by seed, the baseline first, so that the
         first finished runs already give one full comparison; seeds only some recipes have
         come after the study's."""
-        order = [self.baseline] + [r.name for r in self.recipes if r.name != self.baseline]
+        order = self._recipe_order()
         seeds = list(self.seeds)
         seeds += sorted({s for r in self.recipes for s in r.seeds or []} - set(seeds))
         return [(name, seed) for seed in seeds for name in order if seed in self.seeds_of(name)]
+
+    def _recipe_order(self) -> list[str]:
+        """The baseline first, then the recipes as the study file lists them."""
+        return [self.baseline] + [r.name for r in self.recipes if r.name != self.baseline]
 
     def runs_of_seeds(self, seeds: list[int]) -> list[tuple[str, int]]:
         """(recipe, seed) of these seeds, in the order given, each once: a seed of the study as
         :meth:`runs` has it, a seed beside the study (trained whole before it joins ``seeds``) with
         every recipe that has no seeds of its own."""
         known = {seed for _, seed in self.runs()}
-        order = [self.baseline] + [r.name for r in self.recipes if r.name != self.baseline]
-        return [(name, seed) for seed in dict.fromkeys(seeds) for name in order
+        return [(name, seed) for seed in dict.fromkeys(seeds) for name in self._recipe_order()
                 if seed in self.seeds_of(name) or (seed not in known and self.recipe(name).seeds is None)]
 
     def run_dir(self, recipe: str, seed: int) -> Path:
