@@ -309,6 +309,8 @@ def test_a_record_held_until_its_seed_is_whole_reads_held_and_is_not_run_again(r
     bleu = json.loads((held / "record.json").read_text())["scores"]["test"]["bleu"]
     rows = {r["recipe"]: r for r in study_status(path)}
     assert rows["pascal"]["state"] == "held" and rows["pascal"]["step"] == 4 and rows["pascal"]["bleu"] == bleu
+    held_record = json.loads((held / "record.json").read_text())
+    assert rows["pascal"]["seconds"] == held_record["train_seconds"] + held_record["test_seconds"] > 0
     assert str(held) in rows["pascal"]["note"] and "until seed 1 is whole" in rows["pascal"]["note"]
     table = format_status(list(rows.values()))
     assert "1 done, 1 held" in table and "not done" not in table  # vanilla's time is known, nothing is left
@@ -1362,6 +1364,25 @@ def test_status_time_left_takes_the_pace_of_runs_recorded_on_this_cpu(monkeypatc
     # two at a time here gives one thread each: no record at that pace, so every record's median
     two = format_status(rows, jobs=2).splitlines()[-1]
     assert "at the finished runs' median of 150 min each" in two
+
+
+def test_status_time_left_takes_the_pace_of_held_records_of_a_seed_beside_the_study(monkeypatch):
+    # --status --seeds N for a seed not yet in the study file: its finished runs are all held
+    import structnmt.study as study_module
+
+    def row(state: str, **more) -> dict:
+        return {"recipe": "r", "seed": 6, "state": state, "step": None, "bleu": None, "note": "", "jobs": 1,
+                "threads_setting": 0, **more}
+
+    rows = [row("held", seconds=6000, machine=("AMD EPYC", 2)), row("held", seconds=7200, machine=("AMD EPYC", 2)),
+            row("held", seconds=12000, machine=("AMD EPYC", 2)), row("running", seconds_left=1800), row("pending")]
+    monkeypatch.setattr(study_module, "machine_here", lambda threads, jobs: ("AMD EPYC", 2 // jobs))
+    last = format_status(rows).splitlines()[-1]
+    # 1800 s left of the running run + the held runs' median, 7200 s: 2.5 h
+    assert last.startswith("2 runs not done (1 running, 1 with its time left from its log)")
+    assert "the median of the 3 runs recorded on this CPU at 2 threads of 120 min each" in last
+    assert "about 2.5 h of runs" in last
+    assert "not done" not in format_status([r for r in rows if r["state"] == "held"])  # nothing left to do
 
 
 # -- the report survives review (issue: Holm, provenance by seed, fixed long-dependency subsets) -----------------

@@ -110,7 +110,9 @@ def study_status(study: Study | str | Path, seeds: list[int] | None = None) -> l
                 test, bleu = _shown_bleu(held, first_test)
                 row.update(state="held", step=held.get("updates"), bleu=bleu,
                            note=f"{test} BLEU; recorded and held in {study.held_dir(recipe, seed)} until seed "
-                                f"{seed} is whole (studies/pending/README.md)")
+                                f"{seed} is whole (studies/pending/README.md)",
+                           seconds=(held.get("train_seconds") or 0) + (held.get("test_seconds") or 0),
+                           machine=_machine(held))  # a finished run: its time paces the forecast
                 rows.append(row)
                 continue
             if state != "none":
@@ -265,8 +267,9 @@ def _time_left(rows: list[dict[str, Any]], jobs: int = 1, here: tuple[str, int] 
     running run: the training its log's clock says is left; an interrupted one: the share of its
     updates still to do), and the wall-clock time with ``jobs`` runs at once. Where runs were
     recorded on ``here`` (this CPU model at the thread count a run would get), their median
-    alone: a study carried across machines has runs of two or three different paces."""
-    done = [r for r in rows if r["state"] == "done" and r.get("seconds")]
+    alone: a study carried across machines has runs of two or three different paces. A held
+    record is a finished run too: a seed trained beside the study is paced by its own runs."""
+    done = [r for r in rows if r["state"] in ("done", "held") and r.get("seconds")]
     alike = [r for r in done if here is not None and r.get("machine") == here]
     took = sorted(r["seconds"] for r in (alike or done))
     todo = [r for r in rows if r["state"] not in ("done", "damaged", "held")]
