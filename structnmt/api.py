@@ -434,13 +434,14 @@ def run_study(study: str | Path, jobs: int | None = None,
 
 
 @checked
-def study_status(study: str | Path, seeds: list[int] | None = None) -> list[dict[str, Any]]:
+def study_status(study: str | Path, seeds: Sequence[int] | None = None) -> list[dict[str, Any]]:
     """Where every run of a study stands: one row per recipe and seed (``state``: done, held,
     stale, running, failed, interrupted or pending; ``step``; ``bleu``; ``note``); ``seeds``:
-    only these, also seeds that train beside the study before they join its file."""
+    only these, also seeds that train beside the study before they join its file (none or an
+    empty list: the study's own, as :func:`run_study` reads them)."""
     from structnmt.study import study_status as status
 
-    return status(study, seeds)
+    return status(study, list(seeds) if seeds else None)
 
 
 @checked

@@ -348,6 +348,11 @@ def test_the_status_shows_a_seed_that_trains_beside_the_study_before_it_joins_it
     assert [(r["recipe"], r["seed"]) for r in study_status(path, [7, 1, 7])] == [
         ("vanilla", 7), ("pascal", 7), ("vanilla", 1), ("pascal", 1), ("costly", 1)]  # each seed once
     assert [r["seed"] for r in study_status(path)] == [1, 1, 1, 2, 2]  # no seeds: the study's own
+    import structnmt
+
+    # the API reads an empty list as run_study does: the study's own seeds, not no rows
+    assert [r["seed"] for r in structnmt.study_status(path, [])] == [1, 1, 1, 2, 2]
+    assert [r["seed"] for r in structnmt.study_status(path, (7,))] == [7, 7]
     with pytest.raises(ConfigError, match="--seeds"):
         study_status(path, [-1])
     assert main(["study", str(path), "--status", "--seeds", "7"]) == 0
