@@ -1,0 +1,63 @@
+"""studies/seed_power.py: seed-level tests and the seeds a study would need."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from tests.test_record_figures import ROOT
+
+_spec = importlib.util.spec_from_file_location("seed_power", ROOT / "studies" / "seed_power.py")
+power = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(power)
+
+
+def test_the_seed_counts_are_the_textbook_ones():
+    # a two-sample t-test at alpha 0.05 with power 0.8: 17 a side for a gap of one SD, 64 for half
+    assert power.seeds_needed(1.0, 1.0, 0.05, 0.8) == 17
+    assert power.seeds_needed(-0.5, 1.0, 0.05, 0.8) == 64  # the sign of the gap does not matter
+    assert power.seeds_needed(0.5, 1.0, 0.05 / 42, 0.8) > 64
+    assert power.seeds_needed(0.01, 1.0, 0.05, 0.8) is None  # beyond MOST
+    assert power.t_power(17, 1.0, 1.0, 0.05) == pytest.approx(0.807, abs=0.002)
+
+
+def test_the_permutation_p_counts_the_splits_of_the_runs():
+    # 3 against 3 fully apart: 2 of the 20 splits (this one and its mirror) are as far apart
+    assert power.permutation_p([3.0, 4.0, 5.0], [0.0, 1.0, 2.0]) == pytest.approx(2 / 20)
+    assert power.permutation_p([1.0, 2.0], [1.0, 2.0]) == 1.0
+    # five against five fully apart: 2/252, the smallest p five seeds a side can give
+    assert power.permutation_p([5.0, 6, 7, 8, 9], [0.0, 1, 2, 3, 4]) == pytest.approx(2 / 252)
+
+
+def test_cells_give_gaps_welch_p_and_holm_over_the_family():
+    report = {"test": {"base": {"bleu": {"1": 30.0, "2": 31.0, "3": 32.0}},
+                       "up": {"bleu": {"1": 33.0, "2": 34.0, "3": 35.0}},
+                       "level": {"bleu": {"1": 30.5, "2": 31.0, "3": 31.5}},
+                       "alone": {"bleu": {"1": 40.0}}}}  # one seed: no seed-level test
+    rows = power.cells(report, "base")
+    assert [r["recipe"] for r in rows] == ["up", "level"]
+    up, level = rows
+    assert up["gap"] == pytest.approx(3.0) and up["sd"] == pytest.approx(1.0) and up["pooled"] == pytest.approx(1.0)
+    assert up["p"] == pytest.approx(0.0213, abs=1e-4)  # Welch: t = 3 / sqrt(2/3) = 3.674, 4 degrees of freedom
+    assert up["p_holm"] == pytest.approx(2 * up["p"])  # the smaller of two p's, times two
+    assert level["gap"] == pytest.approx(0.0) and level["p"] == pytest.approx(1.0) and level["p_holm"] == 1.0
+
+
+def test_it_runs_on_the_committed_study(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    assert power.main(["studies/multi30k_en_de_converged.yaml"]) == 0
+    out = capsys.readouterr().out
+    report = json.loads((ROOT / "studies" / "multi30k_en_de_converged" / "report.json").read_text())
+    comparisons = sum(len(by_recipe) - 1 for by_recipe in report.values())
+    assert f"({comparisons} comparisons; power 0.80;" in out
+    row = next(line for line in out.splitlines() if line.startswith("| test_2017_flickr_longdep | lpsi_synchmse |"))
+    # the study's five seeds of LPSI + SynchMSE all lie above vanilla's five there (ASO 0.00)
+    assert f"| {2 / 252:.4f} |" in row
+
+
+def test_it_says_what_is_wrong_with_its_arguments(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        power.main(["studies/multi30k_en_de_converged.yaml", "--power", "1.5"])
+    assert "--power must lie between 0 and 1" in capsys.readouterr().err
