@@ -29,20 +29,32 @@ def test_the_permutation_p_counts_the_splits_of_the_runs():
     assert power.permutation_p([1.0, 2.0], [1.0, 2.0]) == 1.0
     # five against five fully apart: 2/252, the smallest p five seeds a side can give
     assert power.permutation_p([5.0, 6, 7, 8, 9], [0.0, 1, 2, 3, 4]) == pytest.approx(2 / 252)
+    # three against five (lpsi and sasa against vanilla): one split of 56 as far; a mirror has other sizes
+    assert power.permutation_p([10.0, 11, 12], [0.0, 1, 2, 3, 4]) == pytest.approx(1 / 56)
+    # beyond EXACT splits it samples, seeded: apart runs give (0 + 1) / (EXACT + 1), twice alike
+    many = power.permutation_p([float(i) for i in range(20, 40)], [float(i) for i in range(20)])
+    assert many == pytest.approx(1 / (power.EXACT + 1))
+    level = [power.permutation_p([0.0, 2] * 10, [1.0, 1] * 10) for _ in range(2)]
+    assert level[0] == level[1] == 1.0
 
 
 def test_cells_give_gaps_welch_p_and_holm_over_the_family():
-    report = {"test": {"base": {"bleu": {"1": 30.0, "2": 31.0, "3": 32.0}},
-                       "up": {"bleu": {"1": 33.0, "2": 34.0, "3": 35.0}},
-                       "level": {"bleu": {"1": 30.5, "2": 31.0, "3": 31.5}},
+    report = {"test": {"base": {"bleu": {"1": 30.0, "2": 31.0, "3": 32.0, "4": 31.0}},
+                       "level": {"bleu": {"1": 30.5, "2": 31.0, "3": 31.5}},  # first: the larger p
+                       "up": {"bleu": {"1": 32.0, "2": 35.0, "3": 38.0}},
                        "alone": {"bleu": {"1": 40.0}}}}  # one seed: no seed-level test
     rows = power.cells(report, "base")
-    assert [r["recipe"] for r in rows] == ["up", "level"]
-    up, level = rows
-    assert up["gap"] == pytest.approx(3.0) and up["sd"] == pytest.approx(1.0) and up["pooled"] == pytest.approx(1.0)
-    assert up["p"] == pytest.approx(0.0213, abs=1e-4)  # Welch: t = 3 / sqrt(2/3) = 3.674, 4 degrees of freedom
-    assert up["p_holm"] == pytest.approx(2 * up["p"])  # the smaller of two p's, times two
+    assert [r["recipe"] for r in rows] == ["level", "up"]
+    level, up = rows
+    assert up["gap"] == pytest.approx(4.0) and up["sd"] == pytest.approx(3.0)
+    assert up["sd_base"] == pytest.approx((2 / 3) ** 0.5)
+    assert up["pooled"] == pytest.approx(((2 * 9 + 3 * 2 / 3) / 5) ** 0.5)
+    # Welch, not Student: t = 4 / sqrt(9/3 + (2/3)/4) = 2.248 on 2.22 degrees of freedom (Student's
+    # pooled test would give 0.0472 on 5)
+    assert up["p"] == pytest.approx(0.1407, abs=1e-4)
+    assert up["p_holm"] == pytest.approx(2 * up["p"])  # the smaller of two p's, times two, in its own row
     assert level["gap"] == pytest.approx(0.0) and level["p"] == pytest.approx(1.0) and level["p_holm"] == 1.0
+    assert power.welch_p([1.0, 1.0], [1.0, 1.0]) == 1.0 and power.welch_p([2.0, 2.0], [1.0, 1.0]) == 0.0
 
 
 def test_it_runs_on_the_committed_study(capsys, monkeypatch):
@@ -57,7 +69,15 @@ def test_it_runs_on_the_committed_study(capsys, monkeypatch):
     assert f"| {2 / 252:.4f} |" in row
 
 
-def test_it_says_what_is_wrong_with_its_arguments(tmp_path, capsys):
-    with pytest.raises(SystemExit):
-        power.main(["studies/multi30k_en_de_converged.yaml", "--power", "1.5"])
-    assert "--power must lie between 0 and 1" in capsys.readouterr().err
+def test_it_says_what_is_wrong_with_its_arguments(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    for flag, value, message in (("--power", "1.5", "--power must lie between 0 and 1"),
+                                 ("--effect", "0", "--effect must be a positive gap in BLEU")):
+        with pytest.raises(SystemExit):
+            power.main(["studies/multi30k_en_de_converged.yaml", flag, value])
+        assert message in capsys.readouterr().err
+    # a study whose report was never written: the command that writes it
+    study = tmp_path / "fresh.yaml"
+    study.write_text((ROOT / "studies" / "multi30k_en_de_converged.yaml").read_text())  # records: tmp_path/fresh
+    assert power.main([str(study)]) == 1
+    assert f"report.json is missing: run `structnmt study {study} --report` first" in capsys.readouterr().err
