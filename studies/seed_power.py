@@ -23,6 +23,12 @@ first), this prints:
   likely too large (the winner's curse) and these counts likely too small; ``--effect`` gives the
   counts for a gap fixed in advance instead (default 0.5 BLEU). The counts grow with the
   deviation squared, read off a few seeds: rough planning figures, not a promise.
+
+A second table pairs each recipe's run with the baseline's run of the same seed (the same data
+order, initial weights where the models share them, machine and commit in a seed-major study)
+and gives the paired t-test and the seeds it would need, from the deviation of the same-seed
+gaps: where seeds move both runs alike that deviation is smaller, and a study that declares the
+paired test before its runs needs fewer of them.
 """
 
 from __future__ import annotations
@@ -43,24 +49,25 @@ MOST = 200  # seeds per recipe beyond which the count is printed as "> 200"
 EXACT = 100_000  # splits of the runs that the permutation test enumerates; beyond, it samples this many
 
 
-def t_power(n: int, effect: float, sd: float, alpha: float) -> float:
-    """Power of a two-sided two-sample t-test with n observations a side (scipy, which deepsig
-    brings for the reports' ASO, is imported where used, as structnmt's own modules do)."""
+def t_power(n: int, effect: float, sd: float, alpha: float, paired: bool = False) -> float:
+    """Power of a two-sided two-sample t-test with n observations a side, or (``paired``) of a
+    one-sample t-test on n same-seed gaps of deviation ``sd`` (scipy, which deepsig brings for
+    the reports' ASO, is imported where used, as structnmt's own modules do)."""
     from scipy import stats
 
-    df = 2 * n - 2
-    shift = abs(effect) / (sd * math.sqrt(2 / n))
+    df = n - 1 if paired else 2 * n - 2
+    shift = abs(effect) / (sd * math.sqrt(1 / n if paired else 2 / n))
     cut = stats.t.ppf(1 - alpha / 2, df)
     return float(stats.nct.sf(cut, df, shift) + stats.nct.cdf(-cut, df, shift))
 
 
-def seeds_needed(effect: float, sd: float, alpha: float, power: float) -> int | None:
+def seeds_needed(effect: float, sd: float, alpha: float, power: float, paired: bool = False) -> int | None:
     """The fewest seeds a side (2 to MOST) that give ``power``; None: more than MOST."""
     if effect == 0:
         return None
     if sd <= 0:
         return 2
-    return next((n for n in range(2, MOST + 1) if t_power(n, effect, sd, alpha) >= power), None)
+    return next((n for n in range(2, MOST + 1) if t_power(n, effect, sd, alpha, paired) >= power), None)
 
 
 def welch_p(a: list[float], b: list[float]) -> float:
@@ -96,6 +103,16 @@ def permutation_p(a: list[float], b: list[float]) -> float:
     return (hits + 1) / (EXACT + 1)
 
 
+def paired_p(gaps: list[float]) -> float:
+    """Two-sided p of the one-sample t-test that the same-seed gaps average 0 (identical gaps:
+    1 when all are 0, else 0, as :func:`welch_p`)."""
+    from scipy import stats
+
+    if statistics.pvariance(gaps) == 0:
+        return 1.0 if gaps[0] == 0 else 0.0
+    return float(stats.ttest_1samp(gaps, 0.0).pvalue)
+
+
 def pooled_sd(a: list[float], b: list[float]) -> float:
     """Both sides' seed deviation pooled, as the equal-n power calculation takes it."""
     return math.sqrt(((len(a) - 1) * statistics.variance(a) + (len(b) - 1) * statistics.variance(b))
@@ -106,17 +123,25 @@ def cells(report: dict, baseline: str) -> list[dict]:
     """One row per (test set, recipe) with two seeds or more on both sides, in the report's order."""
     rows = []
     for test, by_recipe in report.items():
-        base = list((by_recipe.get(baseline) or {}).get("bleu", {}).values())
+        by_seed = (by_recipe.get(baseline) or {}).get("bleu", {})
+        base = list(by_seed.values())
         for recipe, cell in by_recipe.items():
             seeds = list(cell.get("bleu", {}).values())
             if recipe == baseline or len(seeds) < 2 or len(base) < 2:
                 continue
+            gaps = [bleu - by_seed[seed] for seed, bleu in cell["bleu"].items() if seed in by_seed]
             rows.append({"test": test, "recipe": recipe, "n": len(seeds), "n_base": len(base),
                          "gap": statistics.mean(seeds) - statistics.mean(base), "sd": statistics.stdev(seeds),
                          "sd_base": statistics.stdev(base), "pooled": pooled_sd(seeds, base),
-                         "p": welch_p(seeds, base), "p_perm": permutation_p(seeds, base)})
+                         "p": welch_p(seeds, base), "p_perm": permutation_p(seeds, base), "pairs": len(gaps),
+                         "gap_paired": statistics.mean(gaps) if len(gaps) >= 2 else None,
+                         "sd_paired": statistics.stdev(gaps) if len(gaps) >= 2 else None,
+                         "p_paired": paired_p(gaps) if len(gaps) >= 2 else None})
     for row, adjusted in zip(rows, holm([r["p"] for r in rows]), strict=True):
         row["p_holm"] = adjusted
+    paired = [r for r in rows if r["p_paired"] is not None]
+    for row, adjusted in zip(paired, holm([r["p_paired"] for r in paired]), strict=True):
+        row["p_paired_holm"] = adjusted
     return rows
 
 
@@ -159,6 +184,20 @@ def main(argv: list[str] | None = None) -> int:
     below = [r for r in rows if r["p_holm"] < 0.05]
     print(f"\n{len(below)} of {len(rows)} comparisons have Holm-adjusted Welch p < 0.05"
           + (": " + ", ".join(f"{r['recipe']} on {r['test']}" for r in below) if below else "") + ".")
+    paired = [r for r in rows if r["p_paired"] is not None]
+    if paired:
+        print(f"\nPaired by seed (each recipe's run against `{study.baseline}`'s run of the same seed; "
+              f"seeds for a paired t-test, power {args.power:.2f}, at 0.05 / {strict:.4f})\n")
+        print("| test set | recipe | pairs | same-seed gap | its SD | paired p | Holm | "
+              f"seeds for the gap | seeds for {args.effect:.2f} BLEU |")
+        print("|---|---|---:|---:|---:|---:|---:|---|---|")
+        for r in paired:
+            observed = [count(seeds_needed(r["gap_paired"], r["sd_paired"], a, args.power, paired=True))
+                        for a in (0.05, strict)]
+            fixed = [count(seeds_needed(args.effect, r["sd_paired"], a, args.power, paired=True))
+                     for a in (0.05, strict)]
+            print(f"| {r['test']} | {r['recipe']} | {r['pairs']} | {r['gap_paired']:+.2f} | {r['sd_paired']:.2f} | "
+                  f"{r['p_paired']:.4f} | {r['p_paired_holm']:.4f} | {' / '.join(observed)} | {' / '.join(fixed)} |")
     return 0
 
 

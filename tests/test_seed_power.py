@@ -21,6 +21,9 @@ def test_the_seed_counts_are_the_textbook_ones():
     assert power.seeds_needed(0.5, 1.0, 0.05 / 42, 0.8) > 64
     assert power.seeds_needed(0.01, 1.0, 0.05, 0.8) is None  # beyond MOST
     assert power.t_power(17, 1.0, 1.0, 0.05) == pytest.approx(0.807, abs=0.002)
+    # paired by seed, a one-sample t-test on the same-seed gaps: 10 for one SD of those gaps, 34 for half
+    assert power.seeds_needed(1.0, 1.0, 0.05, 0.8, paired=True) == 10
+    assert power.seeds_needed(0.5, 1.0, 0.05, 0.8, paired=True) == 34
 
 
 def test_the_permutation_p_counts_the_splits_of_the_runs():
@@ -57,6 +60,18 @@ def test_cells_give_gaps_welch_p_and_holm_over_the_family():
     assert power.welch_p([1.0, 1.0], [1.0, 1.0]) == 1.0 and power.welch_p([2.0, 2.0], [1.0, 1.0]) == 0.0
 
 
+def test_the_paired_cells_pair_runs_of_the_same_seed_only():
+    report = {"test": {"base": {"bleu": {"1": 30.0, "2": 32.0, "3": 34.0}},
+                       "up": {"bleu": {"1": 31.0, "2": 34.0, "3": 37.0, "9": 20.0}}}}  # seed 9: no partner
+    (row,) = power.cells(report, "base")
+    assert row["pairs"] == 3 and row["gap_paired"] == pytest.approx(2.0)  # gaps 1, 2, 3
+    assert row["gap"] == pytest.approx(30.5 - 32.0)  # unpaired: every seed, seed 9 too
+    assert row["sd_paired"] == pytest.approx(1.0)
+    assert row["p_paired"] == pytest.approx(0.0742, abs=1e-4)  # t = 2 / (1 / sqrt(3)) = 3.464 on 2
+    assert row["p_paired_holm"] == row["p_paired"]  # a family of one
+    assert power.paired_p([0.0, 0.0]) == 1.0 and power.paired_p([0.5, 0.5]) == 0.0
+
+
 def test_it_runs_on_the_committed_study(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert power.main(["studies/multi30k_en_de_converged.yaml"]) == 0
@@ -67,6 +82,8 @@ def test_it_runs_on_the_committed_study(capsys, monkeypatch):
     row = next(line for line in out.splitlines() if line.startswith("| test_2017_flickr_longdep | lpsi_synchmse |"))
     # the study's five seeds of LPSI + SynchMSE all lie above vanilla's five there (ASO 0.00)
     assert f"| {2 / 252:.4f} |" in row
+    paired = [line for line in out.splitlines() if line.startswith("| test_2017_flickr_longdep | lpsi_synchmse |")]
+    assert len(paired) == 2 and "| 5 | +1.49 |" in paired[1]  # the paired table: five same-seed pairs
 
 
 def test_it_says_what_is_wrong_with_its_arguments(tmp_path, capsys, monkeypatch):
