@@ -250,52 +250,38 @@ def long_dependency_subsets(study: Study, records: dict[str, dict[int, dict]]) -
     return {"lines": lines, "note": note}
 
 
-def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
-    """For each test set and recipe: scores per seed, mean ± sd, and the verdict against the baseline.
+class _Runs:
+    """What a report reads of a study's runs for its tables and tests, each read once: the
+    references of each dataset's splits, whether a run can be tested on a test set here, its
+    hypotheses (of a fixed subset, from those of the whole test set), length ratios."""
 
-    A long-dependency subset whose sentences the study fixed (``data["subsets"]``, see
-    :func:`long_dependency_subsets`) is scored on them from each run's hypotheses of the whole
-    test set and its references (every run that has the test set, whether or not its record
-    keeps a subset); where those references are not here, each run's own subset as recorded,
-    untested. Its rows say which (``subset``)."""
-    from structnmt.evaluation.scores import corpus_scores, length_ratio
-    from structnmt.evaluation.significance import aso_seeds, compare_seeds, pooled_bootstrap
+    def __init__(self, study: Study, records: dict[str, dict[int, dict]], fixed: dict[str, list[int]]) -> None:
+        self.study, self.records, self.fixed = study, records, fixed
+        self._splits: dict[tuple[str, str], tuple[list[str] | None, str]] = {}
+        self._checked: dict[tuple[str, int, str], str | None] = {}
 
-    records = data["records"]
-    fixed: dict[str, list[int]] = (data.get("subsets") or {}).get("lines") or {}
-    tests: list[str] = []
-    for by_seed in records.values():
-        for record in by_seed.values():
-            tests += [t for t in record["scores"] if t not in tests]
-    for split in fixed:  # scored for every run that has the whole test set
-        if split in tests and split + LONGDEP not in tests:
-            tests.insert(tests.index(split) + 1, split + LONGDEP)
-    out: dict[str, dict[str, dict[str, Any]]] = {}
-    cache: dict[tuple[str, str], tuple[list[str] | None, str]] = {}
-    checked: dict[tuple[str, int, str], str | None] = {}
+    def whole_split(self, recipe: str, seed: int, split: str) -> tuple[list[str] | None, str]:
+        key = (str(self.study.run_config(recipe, seed).data.dir), split)
+        if key not in self._splits:
+            self._splits[key] = split_references(self.study, recipe, seed, split)
+        return self._splits[key]
 
-    def whole_split(recipe: str, seed: int, split: str) -> tuple[list[str] | None, str]:
-        key = (str(study.run_config(recipe, seed).data.dir), split)
-        if key not in cache:
-            cache[key] = split_references(study, recipe, seed, split)
-        return cache[key]
-
-    def references(recipe: str, seed: int, test: str, scores: dict[str, Any]) -> list[str] | None:
-        refs, _ = whole_split(recipe, seed, scores.get("subset_of", test))
+    def references(self, recipe: str, seed: int, test: str, scores: dict[str, Any]) -> list[str] | None:
+        refs, _ = self.whole_split(recipe, seed, scores.get("subset_of", test))
         return None if refs is None else _subset(refs, scores)
 
-    def untestable(runs: list[tuple[str, int]], test: str) -> str | None:
+    def untestable(self, runs: list[tuple[str, int]], test: str) -> str | None:
         """Why these runs cannot be tested on ``test`` here (no references, or other ones), or None."""
         for recipe, seed in runs:
-            if (recipe, seed, test) not in checked:
-                checked[(recipe, seed, test)] = check(recipe, seed, test)
-            if checked[(recipe, seed, test)]:
-                return checked[(recipe, seed, test)]
+            if (recipe, seed, test) not in self._checked:
+                self._checked[(recipe, seed, test)] = self._check(recipe, seed, test)
+            if self._checked[(recipe, seed, test)]:
+                return self._checked[(recipe, seed, test)]
         return None
 
-    def check(recipe: str, seed: int, test: str) -> str | None:
-        record = records[recipe][seed]
-        refs, where = whole_split(recipe, seed, record["scores"][test].get("subset_of", test))
+    def _check(self, recipe: str, seed: int, test: str) -> str | None:
+        study, record = self.study, self.records[recipe][seed]
+        refs, where = self.whole_split(recipe, seed, record["scores"][test].get("subset_of", test))
         if refs is None:
             return where
         # records that keep no sentence count (hand-made, older) are checked against the test set
@@ -311,96 +297,135 @@ def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str,
         why = references_mismatch(record, test, refs, hyps)
         return why and f"the references at `{where}` are not the ones {recipe} seed {seed} was tested on ({why})"
 
-    def ratio(recipe: str, seed: int, test: str, scores: dict[str, Any]) -> float | None:
+    def ratio(self, recipe: str, seed: int, test: str, scores: dict[str, Any]) -> float | None:
         """From the record (runs tested since BLEU's parts are kept), else from hypotheses and references."""
+        from structnmt.evaluation.scores import length_ratio
+
         if "bleu_parts" in scores:
             return scores["bleu_parts"]["ratio"]
-        refs = references(recipe, seed, test, scores)
+        refs = self.references(recipe, seed, test, scores)
         try:
-            return None if refs is None else length_ratio(run_hypotheses(study, recipe, seed, test), [refs])
+            return None if refs is None else length_ratio(run_hypotheses(self.study, recipe, seed, test), [refs])
         except (OSError, StructNMTError):  # a missing or misaligned hypothesis file: no ratio, not no report
             return None
 
-    def fixed_scores(recipe: str, seed: int, split: str) -> dict[str, Any]:
+    def fixed_scores(self, recipe: str, seed: int, split: str) -> dict[str, Any]:
         """A run's scores on the study's fixed subset of ``split``, from its hypotheses of the whole split."""
-        refs, _ = whole_split(recipe, seed, split)
-        hyps = run_hypotheses(study, recipe, seed, split)
+        from structnmt.evaluation.scores import corpus_scores
+
+        refs, _ = self.whole_split(recipe, seed, split)
+        hyps = run_hypotheses(self.study, recipe, seed, split)
         assert refs is not None  # checked before (untestable)
         if len(hyps) != len(refs):
             raise StructNMTError(f"{recipe} seed {seed}: {len(hyps)} hypotheses of {split} for {len(refs)} references")
-        lines = fixed[split]
+        lines = self.fixed[split]
         scores = corpus_scores([hyps[n - 1] for n in lines], [[refs[n - 1] for n in lines]], metrics=("bleu", "chrf"))
         return {**scores, "subset_of": split, "lines": lines, "sentences": len(lines)}
 
-    def hypotheses(recipe: str, seed: int, test: str, split: str | None) -> list[str]:
+    def hypotheses(self, recipe: str, seed: int, test: str, split: str | None) -> list[str]:
         if split is None:
-            return run_hypotheses(study, recipe, seed, test)
-        whole = run_hypotheses(study, recipe, seed, split)
-        return [whole[n - 1] for n in fixed[split]]
+            return run_hypotheses(self.study, recipe, seed, test)
+        whole = run_hypotheses(self.study, recipe, seed, split)
+        return [whole[n - 1] for n in self.fixed[split]]
 
+
+def _report_tests(records: dict[str, dict[int, dict]], fixed: dict[str, list[int]]) -> list[str]:
+    """The test sets the records were scored on, in their order, each fixed long-dependency subset
+    after its test set (scored for every run that has the whole test set)."""
+    tests: list[str] = []
+    for by_seed in records.values():
+        for record in by_seed.values():
+            tests += [t for t in record["scores"] if t not in tests]
+    for split in fixed:
+        if split in tests and split + LONGDEP not in tests:
+            tests.insert(tests.index(split) + 1, split + LONGDEP)
+    return tests
+
+
+def compare(study: Study, data: dict[str, Any]) -> dict[str, dict[str, dict[str, Any]]]:
+    """For each test set and recipe: scores per seed, mean ± sd, and the verdict against the baseline.
+
+    A long-dependency subset whose sentences the study fixed (``data["subsets"]``, see
+    :func:`long_dependency_subsets`) is scored on them from each run's hypotheses of the whole
+    test set and its references (every run that has the test set, whether or not its record
+    keeps a subset); where those references are not here, each run's own subset as recorded,
+    untested. Its rows say which (``subset``)."""
+    records = data["records"]
+    fixed: dict[str, list[int]] = (data.get("subsets") or {}).get("lines") or {}
+    runs = _Runs(study, records, fixed)
     order = [study.baseline] + [r.name for r in study.recipes if r.name != study.baseline]
-    for test in tests:
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for test in _report_tests(records, fixed):
         # the fixed subset of a long-dependency test set, where its references are here to score it
         split: str | None = test.removesuffix(LONGDEP) if test.endswith(LONGDEP) else None
         not_fixed = None
         if split is not None and split in fixed:
-            not_fixed = untestable([(r, s) for r in order for s, record in sorted(records.get(r, {}).items())
-                                    if split in record["scores"]], split)
+            not_fixed = runs.untestable([(r, s) for r in order for s, record in sorted(records.get(r, {}).items())
+                                         if split in record["scores"]], split)
         if split not in fixed or not_fixed:
             split = None
-        scored = {recipe: {s: fixed_scores(recipe, s, split) if split else r["scores"][test]
+        scored = {recipe: {s: runs.fixed_scores(recipe, s, split) if split else r["scores"][test]
                            for s, r in sorted(records.get(recipe, {}).items())
                            if (split or test) in r["scores"]} for recipe in order}
-        base = scored[study.baseline]
-        base_seeds = sorted(base)
-        rows: dict[str, dict[str, Any]] = {}
-        for recipe in order:
-            by_seed = scored[recipe]
-            if not by_seed:
-                continue
-            row: dict[str, Any] = {
-                "bleu": {s: scores["bleu"] for s, scores in by_seed.items()},
-                "chrf": {s: scores["chrf"] for s, scores in by_seed.items()},
-                "signature": next(iter(by_seed.values())).get("signature", {}),
-                "ratio": {s: ratio(recipe, s, test, scores) for s, scores in by_seed.items()},
-            }
-            if any("lines" in scores for scores in by_seed.values()):
-                row["subset"] = {"fixed": split is not None,
-                                 "sentences": sorted({len(scores.get("lines", ())) for scores in by_seed.values()})}
-                if not_fixed:
-                    row["subset"]["why"] = not_fixed
-            subsets = {json.dumps(scores.get("lines")) for scores in [*by_seed.values(), *base.values()]}
-            if recipe == study.baseline or not base_seeds:
-                pass
-            elif len(subsets) > 1 and not not_fixed:
-                # a long-dependency subset chosen from other trees: not the same sentences
-                row["verdict"] = {"verdict": "not compared (the subset's sentences differ between runs)", "p": {}}
-            else:
-                seeds = sorted(by_seed)
-                why = not_fixed or (None if split else untestable([(recipe, s) for s in seeds] +
-                                                                  [(study.baseline, s) for s in base_seeds], test))
-                if why is None:
-                    refs = references(recipe, seeds[0], test, by_seed[seeds[0]])
-                    ours = [hypotheses(recipe, s, test, split) for s in seeds]
-                    theirs = [hypotheses(study.baseline, s, test, split) for s in base_seeds]
-                    result = compare_seeds(ours, theirs, [refs])
-                    verdict = result.verdict
-                    have, want = (len(seeds), len(base_seeds)), (len(study.seeds_of(recipe)),
-                                                                   len(study.seeds_of(study.baseline)))
-                    if have != want:  # the rule wants every seed of both
-                        verdict += f" so far ({_seeds_so_far(have, want)})"
-                    pooled = pooled_bootstrap(ours, theirs, [refs])
-                    row["verdict"] = {"verdict": verdict, "rule": result.rule, "pooled_p": pooled.p_value,
-                                      "pooled_n": pooled.n_samples,
-                                      "p": {f"{seeds[s]}/{base_seeds[b]}": r.p_value for s, b, r in result.pairs}}
-                else:  # records travel, references stay with the data (the project ships no corpus text)
-                    row["verdict"] = {"verdict": f"{NOT_TESTED}: {why}", "p": {}}
-                if len(subsets) == 1:  # across trainings, from the scores alone: needs no references
-                    row["verdict"]["aso"] = aso_seeds(list(row["bleu"].values()),
-                                                      [base[s]["bleu"] for s in base_seeds])
-            rows[recipe] = row
-        out[test] = rows
+        out[test] = {recipe: _row(runs, recipe, test, split, not_fixed, scored)
+                     for recipe in order if scored[recipe]}
     return out
+
+
+def _row(runs: _Runs, recipe: str, test: str, split: str | None, not_fixed: str | None,
+         scored: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+    """One recipe's cell of a test set: its scores by seed and, beside the baseline's, the verdict."""
+    study, by_seed, base = runs.study, scored[recipe], scored[runs.study.baseline]
+    row: dict[str, Any] = {
+        "bleu": {s: scores["bleu"] for s, scores in by_seed.items()},
+        "chrf": {s: scores["chrf"] for s, scores in by_seed.items()},
+        "signature": next(iter(by_seed.values())).get("signature", {}),
+        "ratio": {s: runs.ratio(recipe, s, test, scores) for s, scores in by_seed.items()},
+    }
+    if any("lines" in scores for scores in by_seed.values()):
+        row["subset"] = {"fixed": split is not None,
+                         "sentences": sorted({len(scores.get("lines", ())) for scores in by_seed.values()})}
+        if not_fixed:
+            row["subset"]["why"] = not_fixed
+    if recipe == study.baseline or not base:
+        return row
+    subsets = {json.dumps(scores.get("lines")) for scores in [*by_seed.values(), *base.values()]}
+    if len(subsets) > 1 and not not_fixed:
+        # a long-dependency subset chosen from other trees: not the same sentences
+        row["verdict"] = {"verdict": "not compared (the subset's sentences differ between runs)", "p": {}}
+        return row
+    row["verdict"] = _verdict_against_baseline(runs, recipe, test, split, not_fixed, sorted(by_seed), sorted(base),
+                                               by_seed)
+    if len(subsets) == 1:  # across trainings, from the scores alone: needs no references
+        from structnmt.evaluation.significance import aso_seeds
+
+        row["verdict"]["aso"] = aso_seeds(list(row["bleu"].values()), [base[s]["bleu"] for s in sorted(base)])
+    return row
+
+
+def _verdict_against_baseline(runs: _Runs, recipe: str, test: str, split: str | None, not_fixed: str | None,
+                              seeds: list[int], base_seeds: list[int],
+                              by_seed: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The every-seed-pair rule and the seed-pooled bootstrap, from the runs' hypotheses; where
+    they cannot be tested here, why."""
+    from structnmt.evaluation.significance import compare_seeds, pooled_bootstrap
+
+    study = runs.study
+    why = not_fixed or (None if split else runs.untestable([(recipe, s) for s in seeds] +
+                                                           [(study.baseline, s) for s in base_seeds], test))
+    if why is not None:  # records travel, references stay with the data (the project ships no corpus text)
+        return {"verdict": f"{NOT_TESTED}: {why}", "p": {}}
+    refs = runs.references(recipe, seeds[0], test, by_seed[seeds[0]])
+    ours = [runs.hypotheses(recipe, s, test, split) for s in seeds]
+    theirs = [runs.hypotheses(study.baseline, s, test, split) for s in base_seeds]
+    result = compare_seeds(ours, theirs, [refs])
+    verdict = result.verdict
+    have, want = (len(seeds), len(base_seeds)), (len(study.seeds_of(recipe)), len(study.seeds_of(study.baseline)))
+    if have != want:  # the rule wants every seed of both
+        verdict += f" so far ({_seeds_so_far(have, want)})"
+    pooled = pooled_bootstrap(ours, theirs, [refs])
+    return {"verdict": verdict, "rule": result.rule, "pooled_p": pooled.p_value, "pooled_n": pooled.n_samples,
+            "p": {f"{seeds[s]}/{base_seeds[b]}": r.p_value for s, b, r in result.pairs}}
 
 
 def _picture(study: Study, table: dict[str, dict[str, dict[str, Any]]], path: Path) -> Path | None:
