@@ -356,122 +356,17 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
 
     Returns ``{"runs": {"recipe/seedN": status}, "report": path or None}``.
     """
-    from structnmt.errors import ConfigError
-    from structnmt.study.executors import check_device, run_local, run_submitit
-    from structnmt.study.runs import (
-        adopt,
-        adoptable,
-        check_own_records,
-        read_record,
-        record_damage,
-        stale_reason,
-        write_failure,
-    )
+    from structnmt.study.runs import check_own_records
 
     study = load_study(path)
     check_own_records(study)  # before any record is called stale and trained over
-    results: dict[str, str] = {}
-    adopted = 0
     kind = executor or study.executor.kind
     jobs = study.executor.jobs if jobs is None else jobs  # 0 is no count: refused, not the file's
-    check_count(jobs, "--jobs", 1, JOBS_NOTE)
-    unknown = sorted(set(only or []) - {r.name for r in study.recipes})
-    if unknown:
-        raise ConfigError(f"not a recipe of the study: {', '.join(unknown)} "
-                          f"(recipes: {', '.join(r.name for r in study.recipes)})", "--only")
-    all_seeds = sorted({seed for _, seed in study.runs()})
-    if strange := sorted(set(seeds or []) - set(all_seeds)):
-        raise ConfigError(f"not a seed of the study: {', '.join(map(str, strange))} "
-                          f"(seeds: {', '.join(map(str, all_seeds))})", "--seeds")
-    if device is not None:
-        if not is_device(device):
-            raise ConfigError(f"expected auto, cpu, cuda or cuda:N (N a GPU's number), got {device!r}", "--device")
-        study.executor.device = device
-    if commit is not None:
-        study.executor.commit = commit
-    todo = []
-    recorded: list[str] = []  # the precisions of the current records
-    for recipe, seed in study.runs():
-        if (only and recipe not in only) or (seeds and seed not in seeds):
-            continue
-        if (damage := record_damage(study, recipe, seed)) is not None:  # never trained over: named
-            _say(f"{recipe} seed {seed}: {damage}")
-            results[f"{recipe}/seed{seed}"] = "damaged"
-            continue
-        record = read_record(study, recipe, seed)
-        if record is not None:
-            reason = stale_reason(study, recipe, seed, record)
-            if reason is None:
-                recorded.append(record.get("precision"))
-                continue
-            _say(f"{recipe} seed {seed}: {reason}; running it again")
-        else:
-            state, held, why = held_state(study, recipe, seed)
-            where = study.held_dir(recipe, seed)
-            if state == "damaged":  # never trained over: named, as a damaged record of the study's is
-                _say(f"{recipe} seed {seed}: {why}")
-                results[f"{recipe}/seed{seed}"] = "damaged"
-                continue
-            if state == "stale":
-                _say(f"{recipe} seed {seed}: the record held in {where} {why}; running it again")
-            elif state == "held":
-                differs = None
-                if seeds and seed in seeds:  # only a call that names the seed trains it whole elsewhere
-                    try:
-                        differs = _held_elsewhere(study, path, recipe, seed, held, device)
-                    except Exception as err:  # noqa: BLE001 (unsure: keep the held record, never crash)
-                        _say(f"{recipe} seed {seed}: could not tell where its held record trained ({err}); "
-                             "not run again")
-                if differs is None:
-                    _say(f"{recipe} seed {seed}: recorded and held in {where} until seed {seed} is whole: not "
-                         f"run again (studies/pending/README.md; --seeds {seed} on another kind of machine trains "
-                         "the seed whole there)")
-                    results[f"{recipe}/seed{seed}"] = "held"
-                    continue
-                _say(f"{recipe} seed {seed}: a record is held in {where}, but {differs}: trained here too, so "
-                     f"that seed {seed} can be whole on one kind of machine")
-        if (source := adoptable(study, recipe, seed)) is not None:
-            adopt(study, recipe, seed, source)
-            _say(f"{recipe} seed {seed}: adopted {source} (the same training digest and test view)")
-            results[f"{recipe}/seed{seed}"] = "done"
-            adopted += 1
-            continue
-        todo.append((recipe, seed))
-    if todo and kind != "slurm":  # a GPU asked for and not here: refused before anything is prepared or run
-        try:
-            check_device(study, todo)
-        except ConfigError as err:
-            if device is None:
-                raise
-            raise ConfigError(err.message, "--device") from None  # the argument's, not the study file's
+    _check_call(study, jobs, only, seeds, device, commit)
+    results: dict[str, str] = {}
+    todo, recorded, adopted = _runs_to_do(study, path, only, seeds, device, results)
     if todo:
-        bad = prepare_datasets(study, todo)
-        runnable = []
-        for recipe, seed in todo:
-            error = bad.get(study.run_config(recipe, seed).data.dir)
-            if error and error.startswith(BUSY_PREFIX):
-                results[f"{recipe}/seed{seed}"] = "busy"
-            elif error:
-                write_failure(study, recipe, seed, f"prepare failed: {error}", None)
-                results[f"{recipe}/seed{seed}"] = "failed"
-            else:
-                runnable.append((recipe, seed))
-        _say(f"{counted(len(runnable), 'run')} to do with the {kind} executor"
-             + (f", {jobs} at a time" if kind == "local" else ""))
-        if runnable and kind == "local":
-            rows = [{"state": "done", "precision": p} for p in recorded]
-            rows.append({"state": "pending", "precision_here": precision_here(study, *runnable[0])})
-            if mix := precision_mix(rows):
-                _say(mix)
-
-        def progress(recipe: str, seed: int, status: str) -> None:
-            _say(f"{recipe} seed {seed}: {status}")
-
-        if kind == "local":
-            outcome = run_local(study, runnable, jobs, progress)
-        else:
-            outcome = run_submitit(study, runnable, "local" if kind == "submitit-local" else "slurm", progress)
-        results.update({f"{r}/seed{s}": status for (r, s), status in outcome.items()})
+        _run(study, todo, kind, jobs, device, recorded, results)
     else:
         held_back = sum(status == "held" for status in results.values())
         _say("every run is recorded and current" + (f" ({held_back} of them held until their seed is whole)"
@@ -489,6 +384,137 @@ def run_study(path: str | Path, jobs: int | None = None, executor: str | None = 
         report_path = write_report(study)
         _say(f"report written to {report_path}")
     return {"runs": results, "report": str(report_path) if report_path else None}
+
+
+def _check_call(study: Study, jobs: int, only: list[str] | None, seeds: list[int] | None, device: str | None,
+                commit: bool | None) -> None:
+    """Refuse a call's bad arguments before anything runs, each named by its option; then let
+    ``device`` and ``commit`` stand in for the study file's for this call."""
+    from structnmt.errors import ConfigError
+
+    check_count(jobs, "--jobs", 1, JOBS_NOTE)
+    unknown = sorted(set(only or []) - {r.name for r in study.recipes})
+    if unknown:
+        raise ConfigError(f"not a recipe of the study: {', '.join(unknown)} "
+                          f"(recipes: {', '.join(r.name for r in study.recipes)})", "--only")
+    all_seeds = sorted({seed for _, seed in study.runs()})
+    if strange := sorted(set(seeds or []) - set(all_seeds)):
+        raise ConfigError(f"not a seed of the study: {', '.join(map(str, strange))} "
+                          f"(seeds: {', '.join(map(str, all_seeds))})", "--seeds")
+    if device is not None:
+        if not is_device(device):
+            raise ConfigError(f"expected auto, cpu, cuda or cuda:N (N a GPU's number), got {device!r}", "--device")
+        study.executor.device = device
+    if commit is not None:
+        study.executor.commit = commit
+
+
+def _runs_to_do(study: Study, path: str | Path, only: list[str] | None, seeds: list[int] | None,
+                device: str | None, results: dict[str, str]) -> tuple[list[tuple[str, int]], list[str | None], int]:
+    """(the runs to train, the precisions of the standing records, how many runs were adopted).
+    A damaged record, held or not, is named and never trained over; a held one is left held; a
+    run that another study trained alike is adopted; each such run's status goes into ``results``."""
+    from structnmt.study.runs import adopt, adoptable, read_record, record_damage, stale_reason
+
+    todo, recorded, adopted = [], [], 0
+    for recipe, seed in study.runs():
+        if (only and recipe not in only) or (seeds and seed not in seeds):
+            continue
+        if (damage := record_damage(study, recipe, seed)) is not None:  # never trained over: named
+            _say(f"{recipe} seed {seed}: {damage}")
+            results[f"{recipe}/seed{seed}"] = "damaged"
+            continue
+        record = read_record(study, recipe, seed)
+        if record is not None:
+            reason = stale_reason(study, recipe, seed, record)
+            if reason is None:
+                recorded.append(record.get("precision"))
+                continue
+            _say(f"{recipe} seed {seed}: {reason}; running it again")
+        elif (status := _held_status(study, path, recipe, seed, seeds, device)) is not None:
+            results[f"{recipe}/seed{seed}"] = status
+            continue
+        if (source := adoptable(study, recipe, seed)) is not None:
+            adopt(study, recipe, seed, source)
+            _say(f"{recipe} seed {seed}: adopted {source} (the same training digest and test view)")
+            results[f"{recipe}/seed{seed}"] = "done"
+            adopted += 1
+            continue
+        todo.append((recipe, seed))
+    return todo, recorded, adopted
+
+
+def _held_status(study: Study, path: str | Path, recipe: str, seed: int, seeds: list[int] | None,
+                 device: str | None) -> str | None:
+    """"damaged" or "held" for a run whose held record stands in for it (it is not trained); None:
+    train it (no held record, a stale one, or a call naming its seed on another kind of machine)."""
+    state, held, why = held_state(study, recipe, seed)
+    where = study.held_dir(recipe, seed)
+    if state == "damaged":  # never trained over: named, as a damaged record of the study's is
+        _say(f"{recipe} seed {seed}: {why}")
+        return "damaged"
+    if state == "stale":
+        _say(f"{recipe} seed {seed}: the record held in {where} {why}; running it again")
+    if state != "held":
+        return None
+    differs = None
+    if seeds and seed in seeds:  # only a call that names the seed trains it whole elsewhere
+        try:
+            differs = _held_elsewhere(study, path, recipe, seed, held, device)
+        except Exception as err:  # noqa: BLE001 (unsure: keep the held record, never crash)
+            _say(f"{recipe} seed {seed}: could not tell where its held record trained ({err}); not run again")
+    if differs is None:
+        _say(f"{recipe} seed {seed}: recorded and held in {where} until seed {seed} is whole: not "
+             f"run again (studies/pending/README.md; --seeds {seed} on another kind of machine trains "
+             "the seed whole there)")
+        return "held"
+    _say(f"{recipe} seed {seed}: a record is held in {where}, but {differs}: trained here too, so "
+         f"that seed {seed} can be whole on one kind of machine")
+    return None
+
+
+def _run(study: Study, todo: list[tuple[str, int]], kind: str, jobs: int, device: str | None,
+         recorded: list[str | None], results: dict[str, str]) -> None:
+    """Prepare the datasets the runs read, then train and test them with the executor; each run's
+    status goes into ``results`` (a dataset that could not be prepared fails its runs, named)."""
+    from structnmt.errors import ConfigError
+    from structnmt.study.executors import check_device, run_local, run_submitit
+    from structnmt.study.runs import write_failure
+
+    if kind != "slurm":  # a GPU asked for and not here: refused before anything is prepared or run
+        try:
+            check_device(study, todo)
+        except ConfigError as err:
+            if device is None:
+                raise
+            raise ConfigError(err.message, "--device") from None  # the argument's, not the study file's
+    bad = prepare_datasets(study, todo)
+    runnable = []
+    for recipe, seed in todo:
+        error = bad.get(study.run_config(recipe, seed).data.dir)
+        if error and error.startswith(BUSY_PREFIX):
+            results[f"{recipe}/seed{seed}"] = "busy"
+        elif error:
+            write_failure(study, recipe, seed, f"prepare failed: {error}", None)
+            results[f"{recipe}/seed{seed}"] = "failed"
+        else:
+            runnable.append((recipe, seed))
+    _say(f"{counted(len(runnable), 'run')} to do with the {kind} executor"
+         + (f", {jobs} at a time" if kind == "local" else ""))
+    if runnable and kind == "local":
+        rows = [{"state": "done", "precision": p} for p in recorded]
+        rows.append({"state": "pending", "precision_here": precision_here(study, *runnable[0])})
+        if mix := precision_mix(rows):
+            _say(mix)
+
+    def progress(recipe: str, seed: int, status: str) -> None:
+        _say(f"{recipe} seed {seed}: {status}")
+
+    if kind == "local":
+        outcome = run_local(study, runnable, jobs, progress)
+    else:
+        outcome = run_submitit(study, runnable, "local" if kind == "submitit-local" else "slurm", progress)
+    results.update({f"{r}/seed{s}": status for (r, s), status in outcome.items()})
 
 
 def status_json(path: str | Path) -> str:
