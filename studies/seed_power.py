@@ -186,6 +186,7 @@ def main(argv: list[str] | None = None) -> int:
           + (": " + ", ".join(f"{r['recipe']} on {r['test']}" for r in below) if below else "") + ".")
     paired = [r for r in rows if r["p_paired"] is not None]
     if paired:
+        strict = 0.05 / len(paired)  # the paired tests' own family: the rows with same-seed pairs
         print(f"\nPaired by seed (each recipe's run against `{study.baseline}`'s run of the same seed; "
               f"seeds for a paired t-test, power {args.power:.2f}, at 0.05 / {strict:.4f})\n")
         print("| test set | recipe | pairs | same-seed gap | its SD | paired p | Holm | "
