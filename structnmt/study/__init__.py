@@ -88,8 +88,7 @@ def study_status(study: Study | str | Path, seeds: list[int] | None = None) -> l
             test, bleu = _shown_bleu(record, first_test)
             row.update(step=record.get("updates"), bleu=bleu,
                        note=f"{test} BLEU" if test else "", precision=record.get("precision"),
-                       seconds=(record.get("train_seconds") or 0) + (record.get("test_seconds") or 0),
-                       machine=_machine(record))
+                       **_pace(record))
             if reason is None:
                 row["state"] = "done"
                 if (change := trees_change(study, recipe, seed, record)) is not None:
@@ -111,8 +110,7 @@ def study_status(study: Study | str | Path, seeds: list[int] | None = None) -> l
                 row.update(state="held", step=held.get("updates"), bleu=bleu,
                            note=f"{test} BLEU; recorded and held in {study.held_dir(recipe, seed)} until seed "
                                 f"{seed} is whole (studies/pending/README.md)",
-                           seconds=(held.get("train_seconds") or 0) + (held.get("test_seconds") or 0),
-                           machine=_machine(held))  # a finished run: its time paces the forecast
+                           **_pace(held))  # a finished run: its time paces the forecast
                 rows.append(row)
                 continue
             if state != "none":
@@ -185,6 +183,12 @@ def _held_elsewhere(study: Study, path: str | Path, recipe: str, seed: int, held
         return None
     status, line = check(str(path), recipe, seed, study.held_root)
     return None if status == SAME else line
+
+
+def _pace(record: dict[str, Any]) -> dict[str, Any]:
+    """What a finished run's status row carries for the forecast: its seconds and its machine."""
+    return {"seconds": (record.get("train_seconds") or 0) + (record.get("test_seconds") or 0),
+            "machine": _machine(record)}
 
 
 def _machine(record: dict[str, Any]) -> tuple[str, int] | None:
