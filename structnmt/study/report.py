@@ -573,6 +573,23 @@ def _tested_on(study: Study) -> str:
 
 def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[str, Any]]],
            picture: Path | None, out: Path, report_flags: str = "--report") -> str:
+    """The report in its order: what ran and where, how to read the tests, the scores, the runs."""
+    records = data["records"]
+    trees = trees_read(study, records, (data.get("subsets") or {}).get("lines") or {})
+    lines = [*_header_lines(study, data, trees, report_flags), *_reading_lines(study, data, table),
+             *_score_tables(study, table)]
+    if picture is not None:
+        rel = Path(picture).resolve().relative_to(out.parent.resolve()) if out.parent.resolve() in \
+            Path(picture).resolve().parents else picture
+        lines += [f"![BLEU per seed]({rel})", ""]
+    lines += [*_runs_table(study, records), *provenance_lines(study, records, trees), *_trouble_lines(data),
+              "## The study file", "", "```yaml", study.path.read_text(encoding="utf-8").rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def _header_lines(study: Study, data: dict[str, Any], trees: dict[tuple[str, int], dict[str, Any]],
+                  report_flags: str) -> list[str]:
+    """Title, how many runs are in, provenance warnings, the commands, the machines, sacreBLEU's signatures."""
     records = data["records"]
     all_records = [r for by_seed in records.values() for r in by_seed.values()]
     lines = [f"# Study `{study.name}`", ""]
@@ -581,7 +598,6 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
     lines += [f"{len(all_records)} of {n_runs} runs recorded ({len(data['failed'])} failed, "
               f"{len(data['missing'])} pending, {len(data['stale'])} stale{damaged}). Every run trains exactly "
               f"{study.max_steps} updates and is tested on {_tested_on(study)} with beam search.", ""]
-    trees = trees_read(study, records, (data.get("subsets") or {}).get("lines") or {})
     lines += [*warnings, ""] if (warnings := provenance_warnings(study, records, trees)) else []
     lines += ["## Commands", "", "```sh",
               f"structnmt study {study.path}            # runs what is missing, then writes this report",
@@ -591,6 +607,12 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
                        f"thread{'' if _threads(r) == '1' else 's'}" for r in all_records})
     if machines:
         lines += ["Where the runs trained: " + "; ".join(machines) + ".", ""]
+    return lines
+
+
+def _reading_lines(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """The headline, the primary rule and the secondary tests in words, then the summary table."""
+    lines = []
     sigs = sorted({s for rows in table.values() for row in rows.values() for s in row["signature"].values()})
     if sigs:
         lines += ["sacreBLEU signatures: " + "; ".join(f"`{s}`" for s in sigs), ""]
@@ -630,6 +652,12 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
                   "Length ratio (below): the hypotheses' length over the references' as BLEU counts them; "
                   "below 1 BLEU's brevity penalty applies (BP = exp(1 − 1/ratio)), so a gap in BLEU between "
                   "recipes whose ratios differ is partly a gap in output length.", ""]
+    return lines
+
+
+def _score_tables(study: Study, table: dict[str, dict[str, dict[str, Any]]]) -> list[str]:
+    """One table a test set: each recipe's scores, its verdict, and the p-values behind it."""
+    lines = []
     holm_p = pooled_holm(table)
     for test, rows in table.items():
         lines += [f"### {test}", "", *_subset_lines(rows),
@@ -653,15 +681,16 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
                          f"{_mean_sd(ratios, 3)} | {per_seed} | {delta} | {label} | {pvals} | {pooled} | {adjusted} | "
                          f"{aso} |")
         lines.append("")
-    if picture is not None:
-        rel = Path(picture).resolve().relative_to(out.parent.resolve()) if out.parent.resolve() in \
-            Path(picture).resolve().parents else picture
-        lines += [f"![BLEU per seed]({rel})", ""]
-    lines += ["## Runs", "", "Threads: each call's that trained the run; resumed from: the step each later call "
-              "started from (records made before calls were kept: the steps from the training log, and the "
-              "last call's threads only, marked *).", "",
-              "| recipe | seed | updates | train min | test min | device | precision | threads | resumed from | "
-              "finished |", "|---|---:|---:|---:|---:|---|---|---|---|---|"]
+    return lines
+
+
+def _runs_table(study: Study, records: dict[str, dict[int, dict]]) -> list[str]:
+    """Each run's updates, minutes, device, precision, threads and resumes."""
+    lines = ["## Runs", "", "Threads: each call's that trained the run; resumed from: the step each later call "
+             "started from (records made before calls were kept: the steps from the training log, and the "
+             "last call's threads only, marked *).", "",
+             "| recipe | seed | updates | train min | test min | device | precision | threads | resumed from | "
+             "finished |", "|---|---:|---:|---:|---:|---|---|---|---|---|"]
     for recipe, by_seed in records.items():
         for seed, r in sorted(by_seed.items()):
             threads, resumed = _calls_cells(r, study.record_dir(recipe, seed) / "log.jsonl")
@@ -669,7 +698,12 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
                          f"{r['test_seconds'] / 60:.1f} | {r.get('device')} | {r.get('precision')} | {threads} | "
                          f"{resumed} | {r.get('finished', '')[:16]} |")
     lines.append("")
-    lines += provenance_lines(study, records, trees)
+    return lines
+
+
+def _trouble_lines(data: dict[str, Any]) -> list[str]:
+    """Damaged records, failed runs (with their log's last lines) and runs not yet done."""
+    lines = []
     if data.get("damaged"):
         lines += ["## Damaged records", ""]
         lines += [f"- **{recipe} seed {seed}**: {why}" for recipe, seed, why in data["damaged"]]
@@ -687,8 +721,7 @@ def render(study: Study, data: dict[str, Any], table: dict[str, dict[str, dict[s
         lines += [f"- {recipe} seed {seed}" for recipe, seed in data["missing"]]
         lines += [f"- {recipe} seed {seed} ({reason})" for recipe, seed, reason in data["stale"]]
         lines.append("")
-    lines += ["## The study file", "", "```yaml", study.path.read_text(encoding="utf-8").rstrip(), "```", ""]
-    return "\n".join(lines)
+    return lines
 
 
 def cpu_kind(record: dict) -> str:
