@@ -229,26 +229,34 @@ def long_dependency_subsets(study: Study, records: dict[str, dict[int, dict]]) -
                 f"{sha256[:12]}…) has an arc of {study.long_dependency} or more words ({sizes} sentences). Each "
                 "run is scored on them from its hypotheses of the whole test set; the subset its record keeps, "
                 "chosen from the trees its dataset held, is not used.")
-        other: dict[str, list[str]] = {}  # their subsets' sizes -> runs
-        none = []
-        for recipe, by_seed in records.items():
-            for s, record in sorted(by_seed.items()):
-                own_lines = [record["scores"].get(split + LONGDEP, {}).get("lines") for split in lines]
-                if all(chosen is None for chosen in own_lines):
-                    none.append(f"{recipe} s{s}")
-                elif any(mine is not None and mine != chosen for mine, chosen in zip(own_lines, lines.values())):
-                    sizes = " / ".join("-" if m is None else str(len(m)) for m in own_lines)
-                    other.setdefault(sizes, []).append(f"{recipe} s{s}")
-        if other:
-            note += (" Runs whose records chose other sentences, scored here on the fixed ones (by their subsets' "
-                     f"sizes): {_runs_by(other)}.")
-        if none:
-            note += f" Runs whose records keep no subset of their own, scored on them too: {', '.join(none)}."
+        note += _own_subsets_note(records, lines)
     if left:
         note += (" " if note else "Long-dependency subsets: ") + (
             f"not fixed for {'; '.join(left)}: there {own}.")
     return {"lines": lines, "note": note}
 
+
+
+def _own_subsets_note(records: dict[str, dict[int, dict]], lines: dict[str, list[int]]) -> str:
+    """The runs whose records keep other sentences than the fixed subsets, or none: the report says whose
+    own subset it set aside."""
+    other: dict[str, list[str]] = {}  # their subsets' sizes -> runs
+    none = []
+    for recipe, by_seed in records.items():
+        for seed, record in sorted(by_seed.items()):
+            own_lines = [record["scores"].get(split + LONGDEP, {}).get("lines") for split in lines]
+            if all(chosen is None for chosen in own_lines):
+                none.append(f"{recipe} s{seed}")
+            elif any(mine is not None and mine != chosen for mine, chosen in zip(own_lines, lines.values())):
+                sizes = " / ".join("-" if m is None else str(len(m)) for m in own_lines)
+                other.setdefault(sizes, []).append(f"{recipe} s{seed}")
+    note = ""
+    if other:
+        note += (" Runs whose records chose other sentences, scored here on the fixed ones (by their subsets' "
+                 f"sizes): {_runs_by(other)}.")
+    if none:
+        note += f" Runs whose records keep no subset of their own, scored on them too: {', '.join(none)}."
+    return note
 
 class _Runs:
     """What a report reads of a study's runs for its tables and tests, each read once: the
