@@ -331,10 +331,39 @@ def cmd_methods(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="structnmt", description="Structure-aware neural machine translation.")
-    sub = p.add_subparsers(dest="command", required=True)
+def _decoding_options(s: argparse.ArgumentParser) -> None:
+    """Beam search options shared by the commands that translate."""
+    s.add_argument("--beam", type=int)
+    s.add_argument("--length-penalty", dest="length_penalty", type=float)
+    s.add_argument("--nbest", type=int)
+    s.add_argument("--max-len-a", dest="max_len_a", type=float)
+    s.add_argument("--max-len-b", dest="max_len_b", type=int)
+    s.add_argument("--device", default="auto")
 
+
+def _demo_commands(sub: argparse._SubParsersAction) -> None:
+    """The demo and the list of methods: what a new user runs first."""
+    s = sub.add_parser("demo", help="the whole pipeline on the built-in synthetic task")
+    s.add_argument("--work", default="demo", help="working directory (data, dataset, run)")
+    s.add_argument("--steps", type=int, help="updates to train (default 1000: about 96 BLEU, three minutes "
+                                             "on two idle cores)")
+    s.add_argument("--minutes", type=float, default=0.0, help="also stop after this many minutes (0: no limit; "
+                                                              "fewer updates give a poor model, and it says so)")
+    s.add_argument("--train-size", dest="train_size", type=int, default=20000)
+    s.add_argument("--seed", type=int, default=1)
+    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    s.add_argument("--force", action="store_true",
+                   help="use --work even though it holds files the demo did not write (its data/, dataset/ "
+                        "and run/ are replaced)")
+    s.set_defaults(func=cmd_demo)
+
+    s = sub.add_parser("methods", help="list the structure-aware methods and their defaults")
+    s.add_argument("-v", "--verbose", action="store_true")
+    s.set_defaults(func=cmd_methods)
+
+
+def _data_commands(sub: argparse._SubParsersAction) -> None:
+    """Raw text to a prepared dataset, and its trees carried between machines."""
     s = sub.add_parser("prepare", help="raw parallel text -> parsed, sub-worded dataset directory")
     s.add_argument("config", help="experiment YAML, or the word 'multi30k'")
     s.add_argument("--pair", default="en-de", help="multi30k: language pair (en-de, en-fr)")
@@ -363,6 +392,44 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: $STRUCTNMT_DOWNLOAD_URL, else the public servers)")
     s.set_defaults(func=cmd_download)
 
+    s = sub.add_parser("trees", help="carry a dataset's trees to another machine (export, then import there)")
+    tsub = s.add_subparsers(dest="what", required=True)
+    t = tsub.add_parser("export", help="every tree of the dataset's parse cache into one file; prints its SHA-256")
+    t.add_argument("config")
+    t.add_argument("file", help="output, e.g. trees.jsonl.gz")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    t.set_defaults(func=cmd_trees)
+    t = tsub.add_parser("import", help="pin the dataset's parse cache to a trees file (then prepare --force)")
+    t.add_argument("config")
+    t.add_argument("file")
+    t.add_argument("--sha256", help="refuse the file unless it has this digest")
+    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
+    t.set_defaults(func=cmd_trees)
+
+
+def _parser_commands(sub: argparse._SubParsersAction) -> None:
+    """The UD parsers whose trees the structure-aware methods read."""
+    s = sub.add_parser("parser", help="train and evaluate Universal Dependencies parsers")
+    psub = s.add_subparsers(dest="what", required=True)
+    t = psub.add_parser("train")
+    t.add_argument("--preset", choices=sorted(PARSER_PRESETS),
+                   help="the recipes' parsers, trained on the UD files of ../shared/data/ud")
+    t.add_argument("--shared", default="../shared/data/ud")
+    t.add_argument("--lang")
+    t.add_argument("--conllu", nargs="+")
+    t.add_argument("--dev", help="held-out CoNLL-U for model selection (default: every 10th training sentence)")
+    t.add_argument("--eval-frequency", dest="eval_frequency", type=int, default=500)
+    t.add_argument("--out")
+    t.add_argument("--steps", type=int, help="default: the preset's (en_ud 2500, de_ud 1500), else 1500")
+    t.set_defaults(func=cmd_parser_train)
+    e = psub.add_parser("evaluate")
+    e.add_argument("model")
+    e.add_argument("--conllu", required=True)
+    e.set_defaults(func=cmd_parser_evaluate)
+
+
+def _training_commands(sub: argparse._SubParsersAction) -> None:
+    """Training and checkpoint averaging."""
     s = sub.add_parser("train", help="train a model from an experiment YAML")
     s.add_argument("config")
     s.add_argument("--resume", action="store_true", help="continue from the newest good checkpoint")
@@ -378,20 +445,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="average checkpoints of different runs (seeds) too: the mean is usually a worse model")
     s.set_defaults(func=cmd_average)
 
-    def decoding_options(s: argparse.ArgumentParser) -> None:
-        s.add_argument("--beam", type=int)
-        s.add_argument("--length-penalty", dest="length_penalty", type=float)
-        s.add_argument("--nbest", type=int)
-        s.add_argument("--max-len-a", dest="max_len_a", type=float)
-        s.add_argument("--max-len-b", dest="max_len_b", type=int)
-        s.add_argument("--device", default="auto")
 
+def _decoding_commands(sub: argparse._SubParsersAction) -> None:
+    """Translation, scoring and export to another engine."""
     s = sub.add_parser("translate", help="translate a file or standard input")
     s.add_argument("--checkpoint", required=True)
     s.add_argument("--input", help="raw source text, one sentence a line (default: standard input)")
     s.add_argument("--output", help="default (or '-'): standard output")
     s.add_argument("--dataset", help="dataset directory (default: the one the model was trained on)")
-    decoding_options(s)
+    _decoding_options(s)
     s.set_defaults(func=cmd_translate)
 
     s = sub.add_parser("test", help="translate and score a run's test splits (writes RUN/eval/)")
@@ -412,20 +474,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--allow-empty", action="store_true", help="accept empty hypothesis lines")
     s.set_defaults(func=cmd_evaluate)
 
-    s = sub.add_parser("demo", help="the whole pipeline on the built-in synthetic task")
-    s.add_argument("--work", default="demo", help="working directory (data, dataset, run)")
-    s.add_argument("--steps", type=int, help="updates to train (default 1000: about 96 BLEU, three minutes "
-                                             "on two idle cores)")
-    s.add_argument("--minutes", type=float, default=0.0, help="also stop after this many minutes (0: no limit; "
-                                                              "fewer updates give a poor model, and it says so)")
-    s.add_argument("--train-size", dest="train_size", type=int, default=20000)
-    s.add_argument("--seed", type=int, default=1)
-    s.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    s.add_argument("--force", action="store_true",
-                   help="use --work even though it holds files the demo did not write (its data/, dataset/ "
-                        "and run/ are replaced)")
-    s.set_defaults(func=cmd_demo)
+    s = sub.add_parser("export", help="a checkpoint for another engine (CTranslate2)")
+    esub = s.add_subparsers(dest="engine", required=True)
+    x = esub.add_parser("ctranslate2", help="a CTranslate2 model directory (plain-Transformer models only)")
+    x.add_argument("checkpoint")
+    x.add_argument("out_dir")
+    x.add_argument("--dataset", help="the dataset the model was trained on (default: as its config names it)")
+    x.add_argument("--quantization", help="weights on disk: int8, int8_float32, float16, ... (default float32)")
+    x.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
+    x.set_defaults(func=cmd_export)
 
+
+def _study_commands(sub: argparse._SubParsersAction) -> None:
+    """Several runs compared: a report over runs, and studies (recipes x seeds)."""
     s = sub.add_parser("report", help="one Markdown table over several runs, with significance marks")
     s.add_argument("runs", nargs="+")
     s.add_argument("--baseline", help="the run the others are tested against: its directory's name (with "
@@ -436,20 +497,33 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--samples", type=int, default=1000, help="bootstrap samples")
     s.set_defaults(func=cmd_report)
 
-    s = sub.add_parser("trees", help="carry a dataset's trees to another machine (export, then import there)")
-    tsub = s.add_subparsers(dest="what", required=True)
-    t = tsub.add_parser("export", help="every tree of the dataset's parse cache into one file; prints its SHA-256")
-    t.add_argument("config")
-    t.add_argument("file", help="output, e.g. trees.jsonl.gz")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    t.set_defaults(func=cmd_trees)
-    t = tsub.add_parser("import", help="pin the dataset's parse cache to a trees file (then prepare --force)")
-    t.add_argument("config")
-    t.add_argument("file")
-    t.add_argument("--sha256", help="refuse the file unless it has this digest")
-    t.add_argument("--set", action="append", default=[], metavar="KEY=VALUE")
-    t.set_defaults(func=cmd_trees)
+    s = sub.add_parser("study", help="recipes x seeds at one update budget: train, test, records, report",
+                       epilog="structnmt study compare STUDY RECIPE SEED OTHER_RECORD [--seed-of S T]: another "
+                              "record of a run beside the study's (structnmt study compare -h)")
+    s.add_argument("study", help="study file (YAML; see structnmt/study/spec.py)")
+    s.add_argument("--status", action="store_true", help="print where every run stands and exit")
+    s.add_argument("--report", action="store_true", help="write the report from the records and exit")
+    s.add_argument("--out", help="with --report: where to write it (default RECORDS/report.md)")
+    s.add_argument("--baseline", metavar="RECIPE",
+                   help="with --report: compare against this recipe instead of the study's baseline "
+                        "(default out: RECORDS/report_vs_RECIPE.md)")
+    s.add_argument("--jobs", type=int, help="local executor: runs at once (threads are split between them); "
+                   "with --status: the forecast's")
+    s.add_argument("--executor", choices=["local", "slurm", "submitit-local"],
+                   help="default: the study file's executor.kind; submitit-local runs the SLURM path here")
+    s.add_argument("--only", nargs="+", metavar="RECIPE", help="run only these recipes")
+    s.add_argument("--seeds", nargs="+", type=int, metavar="SEED",
+                   help="run only these seeds; with --status: show only these, also seeds that "
+                        "train beside the study before they join its file (studies/pending/README.md)")
+    s.add_argument("--device", help="train every run here (auto, cpu, cuda, cuda:N): the study file's "
+                   "executor.device for this call")
+    s.add_argument("--commit", action="store_true",
+                   help="git-commit each record as it is written (executor.commit: true for this call)")
+    s.set_defaults(func=cmd_study)
 
+
+def _inspection_commands(sub: argparse._SubParsersAction) -> None:
+    """What a model learned: attention pictures, training curves, read-outs scored."""
     s = sub.add_parser("plot", help="pictures")
     psub = s.add_subparsers(dest="what", required=True)
     a = psub.add_parser("attention", help="attention heat map of one sentence, with arcs or scenes")
@@ -469,24 +543,6 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("runs", nargs="+")
     c.add_argument("--out", required=True, help="the picture; its extension names the format (.png, .pdf, .svg, ...)")
     c.set_defaults(func=cmd_plot_curves)
-
-    s = sub.add_parser("parser", help="train and evaluate Universal Dependencies parsers")
-    psub = s.add_subparsers(dest="what", required=True)
-    t = psub.add_parser("train")
-    t.add_argument("--preset", choices=sorted(PARSER_PRESETS),
-                   help="the recipes' parsers, trained on the UD files of ../shared/data/ud")
-    t.add_argument("--shared", default="../shared/data/ud")
-    t.add_argument("--lang")
-    t.add_argument("--conllu", nargs="+")
-    t.add_argument("--dev", help="held-out CoNLL-U for model selection (default: every 10th training sentence)")
-    t.add_argument("--eval-frequency", dest="eval_frequency", type=int, default=500)
-    t.add_argument("--out")
-    t.add_argument("--steps", type=int, help="default: the preset's (en_ud 2500, de_ud 1500), else 1500")
-    t.set_defaults(func=cmd_parser_train)
-    e = psub.add_parser("evaluate")
-    e.add_argument("model")
-    e.add_argument("--conllu", required=True)
-    e.set_defaults(func=cmd_parser_evaluate)
 
     s = sub.add_parser("inspect", help="read learned structure out (trees, phrase trees, alignments) and score it")
     s.add_argument("what", choices=["trees", "phrases", "align", "heads"],
@@ -521,43 +577,13 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--device", default="cpu")
     s.set_defaults(func=cmd_inspect)
 
-    s = sub.add_parser("study", help="recipes x seeds at one update budget: train, test, records, report",
-                       epilog="structnmt study compare STUDY RECIPE SEED OTHER_RECORD [--seed-of S T]: another "
-                              "record of a run beside the study's (structnmt study compare -h)")
-    s.add_argument("study", help="study file (YAML; see structnmt/study/spec.py)")
-    s.add_argument("--status", action="store_true", help="print where every run stands and exit")
-    s.add_argument("--report", action="store_true", help="write the report from the records and exit")
-    s.add_argument("--out", help="with --report: where to write it (default RECORDS/report.md)")
-    s.add_argument("--baseline", metavar="RECIPE",
-                   help="with --report: compare against this recipe instead of the study's baseline "
-                        "(default out: RECORDS/report_vs_RECIPE.md)")
-    s.add_argument("--jobs", type=int, help="local executor: runs at once (threads are split between them); "
-                   "with --status: the forecast's")
-    s.add_argument("--executor", choices=["local", "slurm", "submitit-local"],
-                   help="default: the study file's executor.kind; submitit-local runs the SLURM path here")
-    s.add_argument("--only", nargs="+", metavar="RECIPE", help="run only these recipes")
-    s.add_argument("--seeds", nargs="+", type=int, metavar="SEED",
-                   help="run only these seeds; with --status: show only these, also seeds that "
-                        "train beside the study before they join its file (studies/pending/README.md)")
-    s.add_argument("--device", help="train every run here (auto, cpu, cuda, cuda:N): the study file's "
-                   "executor.device for this call")
-    s.add_argument("--commit", action="store_true",
-                   help="git-commit each record as it is written (executor.commit: true for this call)")
-    s.set_defaults(func=cmd_study)
 
-    s = sub.add_parser("export", help="a checkpoint for another engine (CTranslate2)")
-    esub = s.add_subparsers(dest="engine", required=True)
-    x = esub.add_parser("ctranslate2", help="a CTranslate2 model directory (plain-Transformer models only)")
-    x.add_argument("checkpoint")
-    x.add_argument("out_dir")
-    x.add_argument("--dataset", help="the dataset the model was trained on (default: as its config names it)")
-    x.add_argument("--quantization", help="weights on disk: int8, int8_float32, float16, ... (default float32)")
-    x.add_argument("--force", action="store_true", help="replace OUT_DIR if it exists")
-    x.set_defaults(func=cmd_export)
-
-    s = sub.add_parser("methods", help="list the structure-aware methods and their defaults")
-    s.add_argument("-v", "--verbose", action="store_true")
-    s.set_defaults(func=cmd_methods)
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="structnmt", description="Structure-aware neural machine translation.")
+    sub = p.add_subparsers(dest="command", required=True)
+    for add_commands in (_demo_commands, _data_commands, _parser_commands, _training_commands, _decoding_commands,
+                         _study_commands, _inspection_commands):
+        add_commands(sub)
     return p
 
 
