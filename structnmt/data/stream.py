@@ -25,7 +25,7 @@ import random
 import shutil
 import time
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict
 from itertools import islice
 from pathlib import Path
@@ -106,6 +106,49 @@ def task_tag(data: DataConfig) -> str | None:
 # 1. the plan: counts, warnings, sub-word sample and models
 
 
+def _read_split(data: DataConfig, split: str, files: SplitFiles, verbose: bool, say: Callable[[str], None]) -> dict:
+    """One pass over a split: read and clean its pairs, say what was dropped or looks wrong, count them."""
+    if files.src is not None and files.tgt is not None and same_file(files.src, files.tgt):
+        say(f"{split}: warning: data.splits.{split}: src and tgt are the same file ({files.src}): the model "
+            "will learn to copy")
+    report: Counter[str] = Counter()
+    watch = RatioWatch() if split == data.train_split else None
+    clean = clean_config(data, split)
+    long: list[int] = []
+    bad_lines: list[DataError] = []  # the first few, to say which lines drop_bad_lines dropped
+    empty: list[tuple[int, str]] = []  # an evaluation split's pairs with an empty side: (line, "src"/"tgt")
+
+    def note_bad(err: DataError) -> None:
+        # one per pair: a line bad on both sides is one dropped pair
+        if len(bad_lines) < SHOW_DROPPED and all(seen.line != err.line for seen in bad_lines):
+            bad_lines.append(err)
+
+    with Progress(f"{split}: read and clean", unit="lines", enabled=verbose) as bar:
+        pairs = _aligned(iter_pairs(files, clean.drop_bad_lines, note_bad), files, split,
+                         data.clean.allow_misaligned, say)
+        on_empty = (lambda n, src, _tgt: empty.append((n, "tgt" if src.split() else "src"))) \
+            if split != data.train_split else None
+        for number, src, tgt in iter_clean(_ticking(pairs, bar), clean, report, watch, on_empty):
+            if watch is None and (_words(src) > data.clean.max_len or _words(tgt) > data.clean.max_len):
+                long.append(number)
+    warning = watch.warning(split_path(files), data.clean.max_ratio) if watch is not None else \
+        _long_line_warning(long, data.clean.max_len, split_path(files))
+    if warning:
+        say(f"{split}: warning: {warning}")
+    for err in bad_lines:
+        say(f"{split}: dropped (bad_line) {err}")
+    if report["bad_line"] > len(bad_lines):
+        say(f"{split}: ... and {counted(report['bad_line'] - len(bad_lines), 'more bad line')} dropped")
+    if blank := [n for n, side in empty if side == "src"]:
+        which = "validation leaves it out, " if split == data.valid_split else ""
+        say(f"{split}: {_lines(blank, split_paths(files)['src'])} an empty source: {which}`structnmt test` "
+            f"scores {'it' if len(blank) == 1 else 'each'} in its place as an empty translation")
+    if unreferenced := [n for n, side in empty if side == "tgt"]:
+        say(f"{split}: warning: {_lines(unreferenced, split_paths(files)['tgt'])} an empty reference: "
+            "dropped, and not scored by `structnmt test` (give it a reference, or remove it from both files)")
+    return {"lines": report["read"], "clean": {k: report[k] for k in (*DROP_REASONS, "read", "kept")}}
+
+
 def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: bool = True,
               messages=print, parsers: dict | None = None) -> dict:
     """Pass over every split, sample the training pairs, train the sub-word model(s) into ``work``.
@@ -126,47 +169,7 @@ def make_plan(data: DataConfig, work: Path, cache_dir: Path | None, verbose: boo
         if pre.side_cfg(side).parser.backend in ("spacy", "stanza", "udpipe"):
             pre.parser(side, data.train_split)
     inputs = fingerprint_inputs(data)  # before reading: what we read is what we record
-    splits: dict[str, dict] = {}
-    for split, files in data.splits.items():
-        if files.src is not None and files.tgt is not None and same_file(files.src, files.tgt):
-            say(f"{split}: warning: data.splits.{split}: src and tgt are the same file ({files.src}): the model "
-                "will learn to copy")
-        report: Counter[str] = Counter()
-        watch = RatioWatch() if split == data.train_split else None
-        clean = clean_config(data, split)
-        long: list[int] = []
-        bad_lines: list[DataError] = []  # the first few, to say which lines drop_bad_lines dropped
-        empty: list[tuple[int, str]] = []  # an evaluation split's pairs with an empty side: (line, "src"/"tgt")
-
-        def note_bad(err: DataError, bad_lines: list[DataError] = bad_lines) -> None:
-            # one per pair: a line bad on both sides is one dropped pair
-            if len(bad_lines) < SHOW_DROPPED and all(seen.line != err.line for seen in bad_lines):
-                bad_lines.append(err)
-
-        with Progress(f"{split}: read and clean", unit="lines", enabled=verbose) as bar:
-            pairs = _aligned(iter_pairs(files, clean.drop_bad_lines, note_bad), files, split,
-                             data.clean.allow_misaligned, say)
-            on_empty = (lambda n, src, _tgt, empty=empty: empty.append((n, "tgt" if src.split() else "src"))) \
-                if split != data.train_split else None
-            for number, src, tgt in iter_clean(_ticking(pairs, bar), clean, report, watch, on_empty):
-                if watch is None and (_words(src) > data.clean.max_len or _words(tgt) > data.clean.max_len):
-                    long.append(number)
-        warning = watch.warning(split_path(files), data.clean.max_ratio) if watch is not None else \
-            _long_line_warning(long, data.clean.max_len, split_path(files))
-        if warning:
-            say(f"{split}: warning: {warning}")
-        for err in bad_lines:
-            say(f"{split}: dropped (bad_line) {err}")
-        if report["bad_line"] > len(bad_lines):
-            say(f"{split}: ... and {counted(report['bad_line'] - len(bad_lines), 'more bad line')} dropped")
-        if blank := [n for n, side in empty if side == "src"]:
-            which = "validation leaves it out, " if split == data.valid_split else ""
-            say(f"{split}: {_lines(blank, split_paths(files)['src'])} an empty source: {which}`structnmt test` "
-                f"scores {'it' if len(blank) == 1 else 'each'} in its place as an empty translation")
-        if unreferenced := [n for n, side in empty if side == "tgt"]:
-            say(f"{split}: warning: {_lines(unreferenced, split_paths(files)['tgt'])} an empty reference: "
-                "dropped, and not scored by `structnmt test` (give it a reference, or remove it from both files)")
-        splits[split] = {"lines": report["read"], "clean": {k: report[k] for k in (*DROP_REASONS, "read", "kept")}}
+    splits = {split: _read_split(data, split, files, verbose, say) for split, files in data.splits.items()}
     train = splits[data.train_split]["clean"]
     if not train["kept"]:
         raise DataError(f"no sentence pair of the training split is left after cleaning (dropped: {_dropped(train)})",
