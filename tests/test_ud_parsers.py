@@ -255,6 +255,28 @@ def test_train_ud_parser_refuses_bad_input(tmp_path: Path) -> None:
         train_ud_parser("en", [tmp_path / "a.conllu"], None, tmp_path / "out")
 
 
+def test_train_ud_parser_names_the_bad_count(tmp_path: Path) -> None:
+    for kwargs, field in (({"max_steps": 0}, "max_steps"), ({"eval_frequency": 0}, "eval_frequency"),
+                          ({"threads": 0}, "threads")):
+        with pytest.raises(ConfigError, match=f"^{field}: must be at least 1"):
+            train_ud_parser("en", [tmp_path / "a.conllu"], None, tmp_path / "out", **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+def test_dev_split_holds_out_every_tenth_sentence_or_reads_the_dev_file(tmp_path: Path) -> None:
+    from structnmt.parsers.ud_train import _train_and_dev
+
+    train = tmp_path / "tiny.conllu"
+    train.write_text(conllu_text(TINY), encoding="utf-8")
+    everything = read_conllu(train)
+    kept, held = _train_and_dev([train], None)
+    assert held == [everything[9], everything[19]] and len(kept) == 18 and everything[9] not in kept
+    dev = tmp_path / "dev.conllu"
+    dev.write_text(conllu_text("\n".join(TINY.splitlines()[:3])), encoding="utf-8")
+    kept, held = _train_and_dev([train], dev)
+    assert len(kept) == 20 and [s.words for s in held] == [s.words for s in read_conllu(dev)]
+
+
 def test_parser_train_names_its_options_as_typed(tmp_path: Path, capsys) -> None:
     from structnmt.cli.main import main
 

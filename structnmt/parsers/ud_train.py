@@ -328,6 +328,72 @@ sents_f = 0.0
 """
 
 
+def _check_arguments(lang: str, max_steps: int, eval_frequency: int, threads: int) -> None:
+    from spacy.util import get_lang_class
+
+    for name, value in (("max_steps", max_steps), ("eval_frequency", eval_frequency), ("threads", threads)):
+        if value < 1:
+            raise ConfigError("must be at least 1", field=name)
+    try:
+        get_lang_class(lang)
+    except ImportError:
+        raise ConfigError(f"spaCy has no language {lang!r}", field="lang") from None
+
+
+def _train_and_dev(conllu_files: list[Path], dev: Path | None) -> tuple[list[UDSentence], list[UDSentence]]:
+    """The training sentences and spaCy's model-selection set: ``dev``, or every 10th sentence."""
+    train_sents = [s for path in conllu_files for s in read_conllu(path)]
+    if dev is not None:
+        return train_sents, read_conllu(dev)
+    if len(train_sents) < 2:
+        raise DataError("need at least 2 sentences to split off a dev set", conllu_files[0])
+    dev_sents = train_sents[DEV_EVERY - 1 :: DEV_EVERY] or train_sents[-1:]
+    held = {id(s) for s in dev_sents}
+    return [s for s in train_sents if id(s) not in held], dev_sents
+
+
+def _set_threads(threads: int) -> None:
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    try:
+        import torch
+
+        torch.set_num_threads(threads)
+    except ImportError:  # torch is a toolkit dependency, but training a parser does not need it
+        pass
+
+
+def _model_meta(
+    conllu_files: list[Path],
+    dev: Path | None,
+    n_train: int,
+    n_dev: int,
+    max_steps: int,
+    seed: int,
+    size: ParserSize | None,
+) -> dict:
+    """spaCy's ``meta.json`` fields, with what the model was trained on under ``structnmt``."""
+    sources = [{"name": p.name, "sha256": sha256_file(p)} for p in conllu_files]
+    return {
+        "name": "ud",  # spaCy shows it as f"{lang}_ud", like "en_core_web_sm"
+        "version": structnmt.__version__,
+        "description": f"UD tagger + dependency parser trained by structnmt on {n_train} "
+        f"sentences ({', '.join(p.name for p in conllu_files)}).",
+        "convention": "UD",
+        "sources": sources,
+        "structnmt": {
+            "convention": "UD",
+            "train_files": sources,
+            "dev_file": str(dev) if dev is not None else None,
+            "train_sentences": n_train,
+            "dev_sentences": n_dev,
+            "max_steps": max_steps,
+            "seed": seed,
+            "size": asdict(size or ParserSize()),
+        },
+    }
+
+
 def train_ud_parser(
     lang: str,
     conllu_files: list[Path],
@@ -351,39 +417,13 @@ def train_ud_parser(
     from spacy.training.loop import train as spacy_train
     from spacy.util import get_lang_class, load_config_from_str
 
-    if max_steps < 1:
-        raise ConfigError("must be at least 1", field="max_steps")
-    if eval_frequency < 1:
-        raise ConfigError("must be at least 1", field="eval_frequency")
-    if threads < 1:
-        raise ConfigError("must be at least 1", field="threads")
-    try:
-        get_lang_class(lang)
-    except ImportError:
-        raise ConfigError(f"spaCy has no language {lang!r}", field="lang") from None
+    _check_arguments(lang, max_steps, eval_frequency, threads)
     conllu_files = [Path(p) for p in conllu_files]
     if not conllu_files:
         raise DataError("no CoNLL-U training files given")
     out = Path(out)
-
-    train_sents = [s for path in conllu_files for s in read_conllu(path)]
-    if dev is not None:
-        dev_sents = read_conllu(dev)
-    else:
-        if len(train_sents) < 2:
-            raise DataError("need at least 2 sentences to split off a dev set", conllu_files[0])
-        dev_sents = train_sents[DEV_EVERY - 1 :: DEV_EVERY] or train_sents[-1:]
-        held = {id(s) for s in dev_sents}
-        train_sents = [s for s in train_sents if id(s) not in held]
-
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS"):
-        os.environ[var] = str(threads)
-    try:
-        import torch
-
-        torch.set_num_threads(threads)
-    except ImportError:  # torch is a toolkit dependency, but training a parser does not need it
-        pass
+    train_sents, dev_sents = _train_and_dev(conllu_files, dev)
+    _set_threads(threads)
 
     vocab = get_lang_class(lang)().vocab
     corpus = out / "corpus"
@@ -397,26 +437,8 @@ def train_ud_parser(
     )
 
     nlp = init_nlp(config, use_gpu=-1)
-    sources = [{"name": p.name, "sha256": sha256_file(p)} for p in conllu_files]
     nlp.meta.update(
-        {
-            "name": "ud",  # spaCy shows it as f"{lang}_ud", like "en_core_web_sm"
-            "version": structnmt.__version__,
-            "description": f"UD tagger + dependency parser trained by structnmt on {len(train_sents)} "
-            f"sentences ({', '.join(p.name for p in conllu_files)}).",
-            "convention": "UD",
-            "sources": sources,
-            "structnmt": {
-                "convention": "UD",
-                "train_files": sources,
-                "dev_file": str(dev) if dev is not None else None,
-                "train_sentences": len(train_sents),
-                "dev_sentences": len(dev_sents),
-                "max_steps": max_steps,
-                "seed": seed,
-                "size": asdict(size or ParserSize()),
-            },
-        }
+        _model_meta(conllu_files, dev, len(train_sents), len(dev_sents), max_steps, seed, size)
     )
     work = Path(tempfile.mkdtemp(prefix=".train-", dir=out))
     try:
