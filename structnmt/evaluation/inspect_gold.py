@@ -363,14 +363,8 @@ def inspect_trees_gold(translator: Translator, conllu: str | Path, out_dir: Path
     n = len(gold.lines)
     targets = _lines(tgt, n, "targets") if side == "src" and tgt is not None else None
     sources = _lines(src, n, "sources") if side == "tgt" and src is not None else None
-    limit = model.cfg.max_positions - 1
-    if sources is not None:  # a source the model cannot read drops its sentence too
-        for k in gold.positions():
-            length = len(translator.preprocessor.subwords["src"].encode(translator.preprocessor.tokenise(
-                "src", sources[k]))[0])
-            if length > limit:
-                gold.drop(k, "too_long", f"{src}:{k + 1}: the source has {length} sub-words; the model reads at "
-                                         f"most {limit} (model.max_positions)")
+    if sources is not None:
+        _drop_long_sources(translator, gold, sources, src)
     about_parser, parsed = None, None
     if parser_uas:
         nlp, about_parser = run_parser(translator, side, parser)
@@ -379,24 +373,7 @@ def inspect_trees_gold(translator: Translator, conllu: str | Path, out_dir: Path
         raise DataError(f"none of its {n} sentences is left to score; the first dropped: {gold.dropped[0][2]}", conllu)
     positions = gold.positions()
     sides = [gold.kept[k] for k in positions]
-    needs = model.structure_needs(inference=False)
-    if side == "src":
-        others = [_target(translator, targets[k]) for k in positions] if targets is not None else None
-        pred = _read_heads(translator, sides, side, layer, others, needs)
-        reads = f"targets from {tgt}" if tgt is not None else "empty targets (the encoder does not read them)"
-    elif sources is not None:
-        given = _encoded_sources(translator, [sources[k] for k in positions])
-        pred = _read_heads(translator, sides, side, layer, given, needs)
-        reads = f"sources from {src}"
-    else:
-        pred = _read_heads(translator, sides, side, layer, _encoded_sources(translator, [""] * len(positions)), needs)
-        check = _read_heads(translator, sides, side, layer,
-                            _encoded_sources(translator, [gold.texts[k] for k in positions]), needs)
-        changed = sum(a != b for p, q in zip(pred, check) for a, b in zip(p, q))
-        if changed:
-            raise DataError(f"the {side} head reads the source: {changed} of {sum(map(len, pred))} heads change "
-                            "between empty sources and the sentences themselves as sources; give --src FILE")
-        reads = "empty sources (checked: the same trees with the sentences themselves as sources)"
+    pred, reads = _predicted_heads(translator, gold, sides, side, layer, targets, sources, tgt, src)
     golds = [s.tree.heads for s in sides]  # type: ignore[union-attr]  # after merging words sharing a piece
     words = sum(len(g) for g in golds)
     merged = sum(gold.units[k] - len(g) for k, g in zip(positions, golds))
@@ -424,6 +401,44 @@ def inspect_trees_gold(translator: Translator, conllu: str | Path, out_dir: Path
                    "dropped": gold.summary(), "reads": reads, "against": str(conllu)})
     atomic_write_text(out_dir / f"{name}.trees.json", json.dumps(scores, indent=2) + "\n")
     return scores
+
+
+def _drop_long_sources(translator: Translator, gold: GoldSet, sources: list[str], src: str | Path | None) -> None:
+    """A source the model cannot read drops its sentence, as a gold sentence too long would."""
+    limit = translator.model.cfg.max_positions - 1
+    for k in gold.positions():
+        length = len(translator.preprocessor.subwords["src"].encode(translator.preprocessor.tokenise(
+            "src", sources[k]))[0])
+        if length > limit:
+            gold.drop(k, "too_long", f"{src}:{k + 1}: the source has {length} sub-words; the model reads at "
+                                     f"most {limit} (model.max_positions)")
+
+
+def _predicted_heads(translator: Translator, gold: GoldSet, sides: list[Side], side: str, layer: int | None,
+                     targets: list[str] | None, sources: list[str] | None, tgt: str | Path | None,
+                     src: str | Path | None) -> tuple[list[list[int]], str]:
+    """The head's trees of the kept sentences, and what it read beside them (for the report).
+
+    Without sources, target-side trees are read twice, with empty sources and with the
+    sentences themselves as sources, and refused if they differ: such a head reads the source.
+    """
+    positions = gold.positions()
+    needs = translator.model.structure_needs(inference=False)
+    if side == "src":
+        others = [_target(translator, targets[k]) for k in positions] if targets is not None else None
+        pred = _read_heads(translator, sides, side, layer, others, needs)
+        return pred, f"targets from {tgt}" if tgt is not None else "empty targets (the encoder does not read them)"
+    if sources is not None:
+        given = _encoded_sources(translator, [sources[k] for k in positions])
+        return _read_heads(translator, sides, side, layer, given, needs), f"sources from {src}"
+    pred = _read_heads(translator, sides, side, layer, _encoded_sources(translator, [""] * len(positions)), needs)
+    check = _read_heads(translator, sides, side, layer,
+                        _encoded_sources(translator, [gold.texts[k] for k in positions]), needs)
+    changed = sum(a != b for p, q in zip(pred, check) for a, b in zip(p, q))
+    if changed:
+        raise DataError(f"the {side} head reads the source: {changed} of {sum(map(len, pred))} heads change "
+                        "between empty sources and the sentences themselves as sources; give --src FILE")
+    return pred, "empty sources (checked: the same trees with the sentences themselves as sources)"
 
 
 def _whitespace_word_index(translator: Translator, side: str, text: str, path: str | Path,
