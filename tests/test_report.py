@@ -122,3 +122,20 @@ def test_runs_of_one_folder_name_are_told_apart_by_their_parents(tmp_path):
         build_report([first, second], baseline="run", n_samples=50)
     with pytest.raises(DataError, match="is given more than once"):
         build_report([first, tmp_path / "seed1" / "run" / "."], n_samples=50)
+
+
+def test_runs_on_other_references_are_refused_and_a_missing_set_is_a_dash(runs, tmp_path):
+    base_dir, _pascal_dir, refs, base, _better = runs
+    other = make_run(tmp_path, "other", base, ["x " + r for r in refs], [1000.0], 1, with_json=False)
+    said = "run other and baseline base have different references for test set 'test'"
+    with pytest.raises(DataError, match=said) as err:
+        build_report([base_dir, other], baseline="base", n_samples=50)
+    assert err.value.path == str(other / "eval" / "test.ref")
+    (other / "eval" / "test.hyp").rename(other / "eval" / "dev.hyp")
+    (other / "eval" / "test.ref").rename(other / "eval" / "dev.ref")
+    text = build_report([base_dir, other], baseline="base", n_samples=50)
+    [row] = [line for line in text.split("## Commands")[0].splitlines() if line.startswith("| other |")]
+    cells = [c.strip() for c in row.split("|")[2:-1]]
+    # columns by test set name: dev (this run only: scored, nothing to compare with), then test (absent)
+    assert cells[3:5] == ["–", "–"]
+    assert cells[1] == f"{BLEU().corpus_score(base, [['x ' + r for r in refs]]).score:.2f}"

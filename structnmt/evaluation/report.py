@@ -145,6 +145,58 @@ def _format_params(n: Any) -> str:
     return f"{n / 1e6:.1f}M" if n >= 1e5 else f"{int(n):,}"
 
 
+def _score_rows(runs: list[_Run], base: _Run | None, test_sets: list[str], n_samples: int,
+                seed: int) -> list[list[str]]:
+    """The results table: header, alignment row, one row a run (BLEU marked against ``base``)."""
+    header = ["Run", "Methods"]
+    for t in test_sets:
+        header += [f"{t} BLEU", f"{t} chrF"]
+    header += ["Params", "Train tgt tok/s"]
+    rows = [header, ["---"] * 2 + ["---:"] * (len(header) - 2)]
+    for run in runs:
+        row = [run.name + (" (baseline)" if run is base else ""), run.methods]
+        for t in test_sets:
+            if t not in run.test_sets:
+                row += ["–", "–"]
+                continue
+            scores = run.scores(t)
+            mark = _significance_mark(run, base, t, n_samples, seed)
+            row += [f"{scores['bleu']:.2f}{mark}", f"{scores['chrf']:.2f}"]
+        row += [_format_params(run.info.get("parameters")),
+                f"{run.speed:,.0f}" if run.speed is not None else "–"]
+        rows.append(row)
+    return rows
+
+
+def _significance_mark(run: _Run, base: _Run | None, test_set: str, n_samples: int, seed: int) -> str:
+    """The mark of a BLEU significantly better or worse than the baseline's (paired bootstrap)."""
+    if base is None or run is base or test_set not in base.test_sets:
+        return ""
+    hyps, refs = run.texts(test_set)
+    base_hyps, base_refs = base.texts(test_set)
+    if base_refs != refs:
+        raise DataError(f"run {run.name} and baseline {base.name} have different references "
+                        f"for test set {test_set!r}", run.path / "eval" / f"{test_set}.ref")
+    result = paired_bootstrap(base_hyps, hyps, refs, n_samples=n_samples, seed=seed)
+    return {"better": SIGNIFICANT, "worse": SIGNIFICANTLY_WORSE}.get(result.direction(ALPHA), "")
+
+
+def _provenance_lines(runs: list[_Run]) -> list[str]:
+    """Each run's command and the versions it ran with, so that a reader can rerun it."""
+    lines = ["## Commands", ""]
+    for run in runs:
+        command = run.info.get("command", "–")
+        lines.append(f"- {run.name}: `{shlex.join(command) if isinstance(command, list) else command}`")
+    lines += ["", "## Versions", ""]
+    lines.append("| Run | " + " | ".join(VERSION_KEYS) + " |")
+    lines.append("|---" * (len(VERSION_KEYS) + 1) + "|")
+    for run in runs:
+        # the trainer writes the versions at the top level of run.json
+        versions = run.info.get("versions") or {k: run.info[k] for k in VERSION_KEYS if k in run.info}
+        lines.append(f"| {run.name} | " + " | ".join(str(versions.get(k, "–")) for k in VERSION_KEYS) + " |")
+    return lines
+
+
 def build_report(
     run_dirs: list[Path],
     baseline: str | None = None,
@@ -174,34 +226,8 @@ def build_report(
             raise DataError(f"test set {t!r} has no eval/{t}.hyp in any run (found: {', '.join(available)})")
     base = by_name.get(baseline) if baseline else None
 
-    header = ["Run", "Methods"]
-    for t in test_sets:
-        header += [f"{t} BLEU", f"{t} chrF"]
-    header += ["Params", "Train tgt tok/s"]
-    rows = [header, ["---"] * 2 + ["---:"] * (len(header) - 2)]
-    for run in runs:
-        row = [run.name + (" (baseline)" if run is base else ""), run.methods]
-        for t in test_sets:
-            if t not in run.test_sets:
-                row += ["–", "–"]
-                continue
-            scores = run.scores(t)
-            mark = ""
-            if base is not None and run is not base and t in base.test_sets:
-                hyps, refs = run.texts(t)
-                base_hyps, base_refs = base.texts(t)
-                if base_refs != refs:
-                    raise DataError(f"run {run.name} and baseline {base.name} have different references "
-                                    f"for test set {t!r}", run.path / "eval" / f"{t}.ref")
-                result = paired_bootstrap(base_hyps, hyps, refs, n_samples=n_samples, seed=seed)
-                mark = {"better": SIGNIFICANT, "worse": SIGNIFICANTLY_WORSE}.get(result.direction(ALPHA), "")
-            row += [f"{scores['bleu']:.2f}{mark}", f"{scores['chrf']:.2f}"]
-        row += [_format_params(run.info.get("parameters")),
-                f"{run.speed:,.0f}" if run.speed is not None else "–"]
-        rows.append(row)
-
     lines = ["# Results", ""]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    lines += ["| " + " | ".join(row) + " |" for row in _score_rows(runs, base, test_sets, n_samples, seed)]
     lines.append("")
     if base is not None:
         lines.append(f"{SIGNIFICANT} / {SIGNIFICANTLY_WORSE}: BLEU better / worse than the baseline "
@@ -211,17 +237,7 @@ def build_report(
     signatures = sorted({sig for run in runs for t in test_sets if (sig := run.bleu_signature(t))})
     if signatures:
         lines += ["BLEU signature: " + "; ".join(f"`{s}`" for s in signatures), ""]
-    lines += ["## Commands", ""]
-    for run in runs:
-        command = run.info.get("command", "–")
-        lines.append(f"- {run.name}: `{shlex.join(command) if isinstance(command, list) else command}`")
-    lines += ["", "## Versions", ""]
-    lines.append("| Run | " + " | ".join(VERSION_KEYS) + " |")
-    lines.append("|---" * (len(VERSION_KEYS) + 1) + "|")
-    for run in runs:
-        # the trainer writes the versions at the top level of run.json
-        versions = run.info.get("versions") or {k: run.info[k] for k in VERSION_KEYS if k in run.info}
-        lines.append(f"| {run.name} | " + " | ".join(str(versions.get(k, "–")) for k in VERSION_KEYS) + " |")
+    lines += _provenance_lines(runs)
     text = "\n".join(lines) + "\n"
     if out is not None:
         atomic_write_text(out, text)
