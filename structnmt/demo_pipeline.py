@@ -32,6 +32,27 @@ EXPECTED_BLEU = 90.0
 MARKER = ".structnmt-demo"
 
 
+def _check_demo_options(minutes: float, train_size: int, seed: int, valid_size: int, test_size: int,
+                        steps: int) -> None:
+    """The demo's own options, named as the command line spells them.
+
+    Unchecked, a size of 0 only failed in ``prepare``, naming the demo's own empty
+    data/train.src, and a negative seed deep in NumPy with a traceback.
+    """
+    from structnmt.config import check_count
+    from structnmt.errors import ConfigError
+
+    for option, value, least in (("--steps", steps, 1), ("--train-size", train_size, 1),
+                                 ("valid_size", valid_size, 1), ("test_size", test_size, 1), ("--seed", seed, 0)):
+        check_count(value, option, least)
+    if seed >= 2**32:  # NumPy's and the trainer's seeds are 32-bit
+        raise ConfigError(f"must be below 2**32, got {seed}", "--seed")
+    if minutes < 0:
+        raise ConfigError(f"must not be negative, got {minutes}", "--minutes")
+    if not math.isfinite(minutes):
+        raise ConfigError(f"must be a finite number (0: no limit), got {minutes}", "--minutes")
+
+
 def run_demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 20000, seed: int = 1,
              overrides: dict[str, Any] | None = None, verbose: bool = True, valid_size: int = 300,
              test_size: int = 500, steps: int = DEMO_STEPS, force: bool = False) -> dict[str, Any]:
@@ -60,20 +81,8 @@ def run_demo(work: str | Path = "demo", minutes: float = 0.0, train_size: int = 
     logging.getLogger("sacrebleu").setLevel(logging.ERROR)
     work = Path(work)
     started = time.perf_counter()
-    from structnmt.config import check_count
-    from structnmt.errors import ConfigError
-
-    # checked before the work directory is touched: a size of 0 only failed in `prepare`, naming
-    # the demo's own empty data/train.src, and a negative seed deep in NumPy with a traceback
-    for option, value, least in (("--steps", steps, 1), ("--train-size", train_size, 1),
-                                 ("valid_size", valid_size, 1), ("test_size", test_size, 1), ("--seed", seed, 0)):
-        check_count(value, option, least)
-    if seed >= 2**32:  # NumPy's and the trainer's seeds are 32-bit
-        raise ConfigError(f"must be below 2**32, got {seed}", "--seed")
-    if minutes < 0:
-        raise ConfigError(f"must not be negative, got {minutes}", "--minutes")
-    if not math.isfinite(minutes):
-        raise ConfigError(f"must be a finite number (0: no limit), got {minutes}", "--minutes")
+    # checked before the work directory is touched
+    _check_demo_options(minutes, train_size, seed, valid_size, test_size, steps)
     overrides = dict(overrides or {})
     raw = demo_config(work, minutes)
     raw["training"]["seed"] = seed
