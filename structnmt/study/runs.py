@@ -467,18 +467,11 @@ def _execute(study: Study, recipe: str, seed: int, run_dir: Path) -> str:
         return _train_test_record(study, recipe, seed, run_dir)
 
 
-def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> str:
-    from structnmt.evaluation.run_eval import evaluate_run
-    from structnmt.training.trainer import train
+def _claim_run_dir(run_dir: Path, owner: str) -> bool:
+    """Make ``run_dir`` this run's; whether it holds a checkpoint of this very run to resume.
 
-    cfg = study.run_config(recipe, seed)
-    digest = config_digest(cfg)
-    trees = reads_trees(cfg)
-    identity = dataset_identity(cfg, trees)
-    # whose checkpoints these are: the training view and the data it read; anything else and
-    # the folder (the study's own) is cleared, so that no checkpoint of another recipe or of
-    # other trees is resumed and then recorded as today's run
-    owner = json.dumps({"digest": digest, "dataset": identity}, sort_keys=True)
+    A folder whose marker names another owner (recipe, config or data) is cleared first.
+    """
     marker = run_dir / DIGEST_FILE
     resume = False
     if run_dir.exists():
@@ -488,28 +481,18 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
             _clear_run_dir(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     atomic_write_text(marker, owner + "\n")
-    start_call(run_dir, cfg.training.threads or _torch_threads(), resume_step(run_dir) if resume else 0)
-    summary = train(cfg, resume=resume)  # its train_seconds sum every resumed call, not only this one
-    if summary["status"] == "interrupted":
-        return INTERRUPTED
-    if summary["status"] == "diverged":
-        raise RuntimeError(f"training diverged at step {summary['step']}")
-    if summary["step"] < study.max_steps:
-        raise RuntimeError(f"training stopped at step {summary['step']} ({summary['status']}), "
-                           f"before the study's {study.max_steps} updates")
-    started = time.time()
-    checkpoint = f"{study.test_checkpoint}.pt"
-    if not (run_dir / checkpoint).is_file():
-        raise RuntimeError(f"{run_dir / checkpoint} is missing: the study tests every run on its "
-                           f"{study.test_checkpoint} checkpoint")
-    scores = evaluate_run(run_dir, checkpoint=str(run_dir / checkpoint), splits=study.test_sets, quiet=True,
-                          long_dependency=study.long_dependency, decoding=cfg.decoding)
-    test_seconds = time.time() - started
+    return resume
+
+
+def _record(study: Study, recipe: str, seed: int, cfg: Any, *, digest: str, trees: bool, identity: dict,
+            summary: dict, scores: dict, run_dir: Path, checkpoint: str, test_seconds: float) -> dict:
+    """The run's record: what it was (config, data as named before training, machine, calls)
+    and what it scored."""
     run_info = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     from structnmt.training.logger import read_log
 
     valid = [r for r in read_log(run_dir / "log.jsonl") if r.get("kind") == "valid"]
-    record = {
+    return {
         "study": study.name, "recipe": recipe, "seed": seed, "digest": digest,
         "config": train_view(cfg), "test": study.test_view(cfg), "recipe_file": study.recipe(recipe).config,
         "reads_trees": trees, "dataset": identity,
@@ -534,6 +517,40 @@ def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> s
                    for name, s in scores.items()},
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
+
+
+def _train_test_record(study: Study, recipe: str, seed: int, run_dir: Path) -> str:
+    from structnmt.evaluation.run_eval import evaluate_run
+    from structnmt.training.trainer import train
+
+    cfg = study.run_config(recipe, seed)
+    digest = config_digest(cfg)
+    trees = reads_trees(cfg)
+    identity = dataset_identity(cfg, trees)
+    # whose checkpoints these are: the training view and the data it read; anything else and
+    # the folder (the study's own) is cleared, so that no checkpoint of another recipe or of
+    # other trees is resumed and then recorded as today's run
+    owner = json.dumps({"digest": digest, "dataset": identity}, sort_keys=True)
+    resume = _claim_run_dir(run_dir, owner)
+    start_call(run_dir, cfg.training.threads or _torch_threads(), resume_step(run_dir) if resume else 0)
+    summary = train(cfg, resume=resume)  # its train_seconds sum every resumed call, not only this one
+    if summary["status"] == "interrupted":
+        return INTERRUPTED
+    if summary["status"] == "diverged":
+        raise RuntimeError(f"training diverged at step {summary['step']}")
+    if summary["step"] < study.max_steps:
+        raise RuntimeError(f"training stopped at step {summary['step']} ({summary['status']}), "
+                           f"before the study's {study.max_steps} updates")
+    started = time.time()
+    checkpoint = f"{study.test_checkpoint}.pt"
+    if not (run_dir / checkpoint).is_file():
+        raise RuntimeError(f"{run_dir / checkpoint} is missing: the study tests every run on its "
+                           f"{study.test_checkpoint} checkpoint")
+    scores = evaluate_run(run_dir, checkpoint=str(run_dir / checkpoint), splits=study.test_sets, quiet=True,
+                          long_dependency=study.long_dependency, decoding=cfg.decoding)
+    test_seconds = time.time() - started
+    record = _record(study, recipe, seed, cfg, digest=digest, trees=trees, identity=identity, summary=summary,
+                     scores=scores, run_dir=run_dir, checkpoint=checkpoint, test_seconds=test_seconds)
     hyps = {name: run_dir / "eval" / f"{name}.hyp" for name in scores}
     _write_record(study, recipe, seed, record, hyps, run_dir / "log.jsonl")
     (study.record_dir(recipe, seed) / FAILED).unlink(missing_ok=True)
