@@ -37,6 +37,7 @@ import urllib.request
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from structnmt.errors import ConfigError, DataError
 
@@ -178,6 +179,60 @@ def _clock(seconds: float) -> str:
     return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
 
 
+def _open_resuming(url: str, partial: Path, timeout: float) -> tuple[http.client.HTTPResponse, int]:
+    """The server's reply and how many bytes of ``partial`` it continues (0: start afresh)."""
+    have = partial.stat().st_size if partial.is_file() else 0
+    try:
+        response = _open(url, have, timeout)
+    except urllib.error.HTTPError:  # 416 on a resume: nothing sensible to append to, start again
+        partial.unlink()
+        have = 0
+        response = _open(url, 0, timeout)
+    return response, have if have > 0 and response.status == 206 else 0
+
+
+def _transfer(response: http.client.HTTPResponse, handle: BinaryIO, have: int, total: int | None,
+              started: float, limit: float, name: str, say: Callable[[str], object]) -> tuple[int, str | None, bool]:
+    """Copy the reply into ``handle``: the bytes then held, why it broke off (or None), and
+    whether the deadline (``limit`` seconds after ``started``, before the request) stopped it."""
+    of = f" of {total:,}" if total is not None else ""
+    first, shown = have, started
+    try:
+        # read1: whatever has arrived, so that a server trickling bytes still meets the deadline
+        while block := response.read1(_BLOCK):
+            handle.write(block)
+            have += len(block)
+            now = time.monotonic()
+            if now - started > limit and (total is None or have < total):
+                return have, None, True
+            if now - shown >= PROGRESS_EVERY_S:
+                shown = now
+                share = f" ({100 * have / total:.0f}%)" if total else ""
+                rate = (have - first) / 1e3 / max(now - started, 1e-9)
+                say(f"  {name}: {have:,}{of} bytes{share}, {rate:,.1f} kB/s, {_clock(now - started)} elapsed")
+    except (http.client.HTTPException, OSError) as err:
+        partial_bytes = getattr(err, "partial", b"")  # IncompleteRead: what did arrive
+        if isinstance(partial_bytes, bytes):
+            handle.write(partial_bytes)
+            have += len(partial_bytes)
+        return have, str(err) or type(err).__name__, False
+    return have, None, False
+
+
+def _check_whole(url: str, partial: Path, sha256: str | None) -> None:
+    """Refuse (and remove) a finished part whose SHA-256 or archive is wrong."""
+    if sha256 is not None:
+        got = sha256_of(partial)
+        if got != sha256.lower():
+            partial.unlink()
+            raise DownloadError(f"{url} has SHA-256 {got}, not the published {sha256.lower()}; the download "
+                                "was removed (run again, or fetch it from another mirror)")
+    elif (why := damage(partial)) is not None:
+        partial.unlink()
+        raise DownloadError(f"{url} {why}; the download was removed (run again, or fetch it from another "
+                            "mirror: --base-url)")
+
+
 def fetch(url: str, target: Path, sha256: str | None = None, say: Callable[[str], object] = print,
           deadline: float | None = None) -> Path:
     """``target``, downloaded from ``url`` unless it is already there (a finished download).
@@ -194,46 +249,13 @@ def fetch(url: str, target: Path, sha256: str | None = None, say: Callable[[str]
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     partial = target.with_name(target.name + ".part")
-    have = partial.stat().st_size if partial.is_file() else 0
     started = time.monotonic()
-    timeout = min(TIMEOUT_S, limit)
-    try:
-        response = _open(url, have, timeout)
-    except urllib.error.HTTPError:  # 416 on a resume: nothing sensible to append to, start again
-        partial.unlink()
-        have = 0
-        response = _open(url, 0, timeout)
-    resumed = have > 0 and response.status == 206
-    if not resumed:
-        have = 0
-    say(f"downloading {url}" + (f" (resuming after {have:,} bytes)" if resumed else ""))
+    response, have = _open_resuming(url, partial, min(TIMEOUT_S, limit))
+    say(f"downloading {url}" + (f" (resuming after {have:,} bytes)" if have else ""))
     total = _total(response, have)
     of = f" of {total:,}" if total is not None else ""
-    cut = None  # why the transfer broke off, if it did (a chunked reply announces no size)
-    late = False
-    first, shown = have, started
-    with response, open(partial, "ab" if resumed else "wb") as handle:
-        try:
-            # read1: whatever has arrived, so that a server trickling bytes still meets the deadline
-            while block := response.read1(_BLOCK):
-                handle.write(block)
-                have += len(block)
-                now = time.monotonic()
-                if now - started > limit and (total is None or have < total):
-                    late = True
-                    break
-                if now - shown >= PROGRESS_EVERY_S:
-                    shown = now
-                    share = f" ({100 * have / total:.0f}%)" if total else ""
-                    rate = (have - first) / 1e3 / max(now - started, 1e-9)
-                    say(f"  {target.name}: {have:,}{of} bytes{share}, {rate:,.1f} kB/s, {_clock(now - started)} "
-                        "elapsed")
-        except (http.client.HTTPException, OSError) as err:
-            partial_bytes = getattr(err, "partial", b"")  # IncompleteRead: what did arrive
-            if isinstance(partial_bytes, bytes):
-                handle.write(partial_bytes)
-                have += len(partial_bytes)
-            cut = str(err) or type(err).__name__
+    with response, open(partial, "ab" if have else "wb") as handle:
+        have, cut, late = _transfer(response, handle, have, total, started, limit, target.name, say)
     if late:
         raise DownloadError(f"the download of {url} stopped after {have:,}{of} bytes: it took longer than the "
                             f"deadline of {limit:g} s; run the same command again to resume it, or allow more time "
@@ -241,16 +263,7 @@ def fetch(url: str, target: Path, sha256: str | None = None, say: Callable[[str]
     if cut is not None or (total is not None and have != total):
         raise DownloadError(f"the download of {url} stopped after {have:,}{of} bytes "
                             f"({cut or 'the connection closed'}); run the same command again to resume it")
-    if sha256 is not None:
-        got = sha256_of(partial)
-        if got != sha256.lower():
-            partial.unlink()
-            raise DownloadError(f"{url} has SHA-256 {got}, not the published {sha256.lower()}; the download "
-                                "was removed (run again, or fetch it from another mirror)")
-    elif (why := damage(partial)) is not None:
-        partial.unlink()
-        raise DownloadError(f"{url} {why}; the download was removed (run again, or fetch it from another "
-                            "mirror: --base-url)")
+    _check_whole(url, partial, sha256)
     os.replace(partial, target)
     return target
 
