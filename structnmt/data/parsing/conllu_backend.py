@@ -70,6 +70,11 @@ def locate(form: str, text: str, cursor: int) -> tuple[int, int] | None:
     return start, i
 
 
+# one word of the tree: its form, its span in the text and the ids of its syntactic words
+# (several for a merged multi-word token)
+Unit = tuple[str, tuple[int, int], list[int]]
+
+
 class ConlluParser:
     """Trees of one split from its CoNLL-U file; ``parse`` looks sentences up by line number."""
 
@@ -121,6 +126,15 @@ class ConlluParser:
                          self.path, self.blocks[lines][0])
 
     def sentence_tree(self, block: str, text: str, line: int) -> DepTree:
+        sentence = self._parse_block(block, line)
+        units, head_of, label_of, form_of = self._units(sentence, text, line)
+        heads, labels = self._unit_heads(units, head_of, label_of, form_of, line)
+        tree = DepTree(text=text, words=[u[0] for u in units], spans=[u[1] for u in units], heads=heads,
+                       labels=labels, parser=f"{self.name} {self.version}")
+        tree.check(str(self.path), line)
+        return tree
+
+    def _parse_block(self, block: str, line: int) -> conllu.TokenList:
         # the conllu library reads short rows leniently (missing columns become missing keys),
         # so count the columns first and name the very line
         for number, row in enumerate(block.splitlines(), start=line):
@@ -134,15 +148,20 @@ class ConlluParser:
             raise DataError(f"malformed CoNLL-U: {err}", self.path, line) from None
         if len(sentences) != 1:
             raise DataError("expected one sentence", self.path, line)
-        # units: the tree's words; a merged multi-word token is one unit of several syntactic words
-        units: list[tuple[str, tuple[int, int], list[int]]] = []
+        return sentences[0]
+
+    def _units(self, sentence: conllu.TokenList, text: str,
+               line: int) -> tuple[list[Unit], dict[int, int | None], dict[int, str], dict[int, str]]:
+        """The tree's words, each ``(form, span in text, syntactic word ids)``, and each word id's
+        head, label and form: a merged multi-word token is one unit of several syntactic words."""
+        units: list[Unit] = []
         head_of: dict[int, int | None] = {}
         label_of: dict[int, str] = {}
         form_of: dict[int, str] = {}
         cursor = 0
         mwt: tuple[int, int] | None = None  # id range of the current multi-word token
         mwt_unit: list[int] = []
-        for token in sentences[0]:
+        for token in sentence:
             tid = token["id"]
             if isinstance(tid, tuple):
                 if len(tid) == 3 and tid[1] == "-":
@@ -170,6 +189,11 @@ class ConlluParser:
             units.append((token["form"], span, [tid]))
         if not units:
             raise DataError("sentence has no words", self.path, line)
+        return units, head_of, label_of, form_of
+
+    def _unit_heads(self, units: list[Unit], head_of: dict[int, int | None],
+                    label_of: dict[int, str], form_of: dict[int, str], line: int) -> tuple[list[int], list[str]]:
+        """Each unit's head unit (0-based, the root its own) and label, with a bad head named."""
         unit_of = {tid: k for k, (_, _, members) in enumerate(units) for tid in members}
         heads: list[int] = []
         labels: list[str] = []
@@ -190,10 +214,7 @@ class ConlluParser:
             tid = outside[0]
             heads.append(k if head_of[tid] == 0 else unit_of[head_of[tid]])
             labels.append(label_of[tid])
-        tree = DepTree(text=text, words=[u[0] for u in units], spans=[u[1] for u in units], heads=heads,
-                       labels=labels, parser=f"{self.name} {self.version}")
-        tree.check(str(self.path), line)
-        return tree
+        return heads, labels
 
     def _locate(self, form: str, text: str, cursor: int, line: int) -> tuple[int, int]:
         span = locate(form, text, cursor)
