@@ -97,6 +97,80 @@ def _read_gold(gold: str | None, n: int, what: str, missing: str, read) -> list:
     return entries
 
 
+def _trees_scores(model: Transformer, data: ParallelDataset, out_dir: Path, side: str, layer: int | None,
+                  max_tokens: int) -> dict:
+    pred = dbsa_trees(model, _batches(model, data, (side,), max_tokens), side=side, layer=layer)
+    golds = [data.side_arrays(i, side)["heads"].tolist() for i in range(len(data))]
+    atomic_write_text(out_dir / f"{data.split}.{side}.heads", "".join(" ".join(map(str, h)) + "\n" for h in pred))
+    return {"uas": corpus_uas(pred, golds),
+            "right_branching_uas": corpus_uas([right_branching_heads(len(g)) for g in golds], golds),
+            "left_branching_uas": corpus_uas([left_branching_heads(len(g)) for g in golds], golds),
+            "sentences": len(data), "against": "the split's stored trees"}
+
+
+def _phrases_scores(model: Transformer, data: ParallelDataset, out_dir: Path, side: str, layer: int | None,
+                    max_tokens: int, gold: str | None, boundary: str) -> dict:
+    n = len(data)
+    golds = _read_gold(gold, n, "gold brackets", "phrase trees are scored against gold brackets: "
+                       "give --gold FILE (one JSON list a line)", _read_brackets)
+    trees = lpsi_trees(model, _batches(model, data, (side,), max_tokens), side=side, layer=layer,
+                       boundary=boundary)  # type: ignore[arg-type]
+    words = [line.split() for line in data.raw(side)]  # raw() reads the file: once, not per sentence
+    sizes = [t.words for t in trees]
+    pred = [t.brackets for t in trees]
+    atomic_write_text(out_dir / f"{data.split}.{side}.trees",
+                      "".join(bracket_string(w if len(w) == t.words else [str(k) for k in range(t.words)],
+                                             t.brackets) + "\n"
+                              for w, t in zip(words, trees)))
+    baseline = [_right_branching(w, k) for w, k in zip(words, sizes)]
+    return {"uf": corpus_unlabeled_f1(pred, golds, n_words=sizes),
+            "right_branching_uf": corpus_unlabeled_f1(baseline, golds, n_words=sizes),
+            "boundary": resolve_boundary(boundary, side),
+            "sentences": n}
+
+
+def _align_scores(model: Transformer, data: ParallelDataset, out_dir: Path, layer: int | None, max_tokens: int,
+                  gold: str | None, gold_format: GoldFormat) -> dict:
+    n = len(data)
+    _require_words(data, ("src", "tgt"))
+    n_words = []
+    for i in range(n):
+        src, tgt = data.side_arrays(i, "src")["word_index"], data.side_arrays(i, "tgt")["word_index"]
+        n_words.append((int(src.max()) + 1 if len(src) else 0, int(tgt.max()) + 1 if len(tgt) else 0))
+    gold_links = _read_gold(gold, n, "gold alignments", "alignments are scored against gold links: "
+                            "give --gold FILE (Pharaoh i-j / i?j, or talp i-j / ipj)",
+                            lambda path: read_alignments(path, gold_format, n_words))
+    found = cross_attention_alignments(model, _batches(model, data, ("src", "tgt"), max_tokens), layer=layer)
+    sure = [s for s, _ in gold_links]
+    possible = [p for _, p in gold_links]
+    atomic_write_text(out_dir / f"{data.split}.align", write_pharaoh([a.symmetrised for a in found]))
+    diagonal = [diagonal_links(s, t) for s, t in n_words]
+    return {
+        "tgt2src": corpus_aer(sure, possible, [a.tgt2src for a in found]),
+        "src2tgt": corpus_aer(sure, possible, [a.src2tgt for a in found]),
+        "grow_diag_final": corpus_aer(sure, possible, [a.symmetrised for a in found]),
+        "diagonal": corpus_aer(sure, possible, diagonal),
+        "sentences": n,
+    }
+
+
+def _heads_scores(model: Transformer, data: ParallelDataset, side: str, max_tokens: int) -> dict:
+    n = len(data)
+    if side != "src":
+        raise ConfigError("heads reads the encoder's self-attention: the side is src", "--side")
+    golds = [data.side_arrays(i, "src")["heads"].tolist() for i in range(n)] if data.has("src", "heads") else None
+    if golds is None:
+        raise DataError("the split has no source trees to score heads against (prepare it with a parser)",
+                        data.path)
+    found = head_parent_attention(model, _batches(model, data, ("src",), max_tokens), golds)
+    offset, offset_accuracy = best_offset_accuracy(golds)
+    best = [max(range(len(row)), key=row.__getitem__) for row in found["accuracy"]]
+    return {**found, "best_head_per_layer": [{"layer": k + 1, "head": h + 1, "accuracy": found["accuracy"][k][h],
+                                              "mass": found["mass"][k][h]} for k, h in enumerate(best)],
+            "best_offset": offset, "best_offset_accuracy": offset_accuracy,
+            "sentences": n, "against": "the split's stored trees"}
+
+
 def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir: Path, side: str = "src",
                   layer: int | None = None, gold: str | None = None, max_tokens: int = 4000,
                   boundary: str = "auto", gold_format: GoldFormat = "auto") -> dict:
@@ -104,71 +178,17 @@ def inspect_split(model: Transformer, data: ParallelDataset, what: str, out_dir:
 
     ``gold_format`` says how the gold alignments of ``align`` are written (Pharaoh, 0-based;
     talp, 1-based; or recognised); a gold link outside its sentence is an error."""
-    n = len(data)
-    name = data.split
     if what == "trees":
-        pred = dbsa_trees(model, _batches(model, data, (side,), max_tokens), side=side, layer=layer)
-        golds = [data.side_arrays(i, side)["heads"].tolist() for i in range(n)]
-        atomic_write_text(out_dir / f"{name}.{side}.heads", "".join(" ".join(map(str, h)) + "\n" for h in pred))
-        scores = {"uas": corpus_uas(pred, golds),
-                  "right_branching_uas": corpus_uas([right_branching_heads(len(g)) for g in golds], golds),
-                  "left_branching_uas": corpus_uas([left_branching_heads(len(g)) for g in golds], golds),
-                  "sentences": n, "against": "the split's stored trees"}
+        scores = _trees_scores(model, data, out_dir, side, layer, max_tokens)
     elif what == "phrases":
-        golds = _read_gold(gold, n, "gold brackets", "phrase trees are scored against gold brackets: "
-                           "give --gold FILE (one JSON list a line)", _read_brackets)
-        trees = lpsi_trees(model, _batches(model, data, (side,), max_tokens), side=side, layer=layer,
-                           boundary=boundary)  # type: ignore[arg-type]
-        words = [line.split() for line in data.raw(side)]  # raw() reads the file: once, not per sentence
-        sizes = [t.words for t in trees]
-        pred = [t.brackets for t in trees]
-        atomic_write_text(out_dir / f"{name}.{side}.trees",
-                          "".join(bracket_string(w if len(w) == t.words else [str(k) for k in range(t.words)],
-                                                 t.brackets) + "\n"
-                                  for w, t in zip(words, trees)))
-        baseline = [_right_branching(w, k) for w, k in zip(words, sizes)]
-        scores = {"uf": corpus_unlabeled_f1(pred, golds, n_words=sizes),
-                  "right_branching_uf": corpus_unlabeled_f1(baseline, golds, n_words=sizes),
-                  "boundary": resolve_boundary(boundary, side),
-                  "sentences": n}
+        scores = _phrases_scores(model, data, out_dir, side, layer, max_tokens, gold, boundary)
     elif what == "align":
-        _require_words(data, ("src", "tgt"))
-        n_words = []
-        for i in range(n):
-            src, tgt = data.side_arrays(i, "src")["word_index"], data.side_arrays(i, "tgt")["word_index"]
-            n_words.append((int(src.max()) + 1 if len(src) else 0, int(tgt.max()) + 1 if len(tgt) else 0))
-        gold_links = _read_gold(gold, n, "gold alignments", "alignments are scored against gold links: "
-                                "give --gold FILE (Pharaoh i-j / i?j, or talp i-j / ipj)",
-                                lambda path: read_alignments(path, gold_format, n_words))
-        found = cross_attention_alignments(model, _batches(model, data, ("src", "tgt"), max_tokens), layer=layer)
-        sure = [s for s, _ in gold_links]
-        possible = [p for _, p in gold_links]
-        atomic_write_text(out_dir / f"{name}.align", write_pharaoh([a.symmetrised for a in found]))
-        diagonal = [diagonal_links(s, t) for s, t in n_words]
-        scores = {
-            "tgt2src": corpus_aer(sure, possible, [a.tgt2src for a in found]),
-            "src2tgt": corpus_aer(sure, possible, [a.src2tgt for a in found]),
-            "grow_diag_final": corpus_aer(sure, possible, [a.symmetrised for a in found]),
-            "diagonal": corpus_aer(sure, possible, diagonal),
-            "sentences": n,
-        }
+        scores = _align_scores(model, data, out_dir, layer, max_tokens, gold, gold_format)
     elif what == "heads":
-        if side != "src":
-            raise ConfigError("heads reads the encoder's self-attention: the side is src", "--side")
-        golds = [data.side_arrays(i, "src")["heads"].tolist() for i in range(n)] if data.has("src", "heads") else None
-        if golds is None:
-            raise DataError("the split has no source trees to score heads against (prepare it with a parser)",
-                            data.path)
-        found = head_parent_attention(model, _batches(model, data, ("src",), max_tokens), golds)
-        offset, offset_accuracy = best_offset_accuracy(golds)
-        best = [max(range(len(row)), key=row.__getitem__) for row in found["accuracy"]]
-        scores = {**found, "best_head_per_layer": [{"layer": k + 1, "head": h + 1, "accuracy": found["accuracy"][k][h],
-                                                    "mass": found["mass"][k][h]} for k, h in enumerate(best)],
-                  "best_offset": offset, "best_offset_accuracy": offset_accuracy,
-                  "sentences": n, "against": "the split's stored trees"}
+        scores = _heads_scores(model, data, side, max_tokens)
     else:
         raise ValueError(f"unknown analysis {what!r}")
-    atomic_write_text(out_dir / f"{name}.{what}.json", json.dumps(scores, indent=2) + "\n")
+    atomic_write_text(out_dir / f"{data.split}.{what}.json", json.dumps(scores, indent=2) + "\n")
     return scores
 
 
