@@ -34,7 +34,8 @@ MARKER = ".structnmt-demo"
 
 def _check_demo_options(minutes: float, train_size: int, seed: int, valid_size: int, test_size: int,
                         steps: int) -> None:
-    """The demo's own options, named as the command line spells them.
+    """The demo's own options, named as the command line spells them (the split sizes other
+    than training's have no option and keep their Python names).
 
     Unchecked, a size of 0 only failed in ``prepare``, naming the demo's own empty
     data/train.src, and a negative seed deep in NumPy with a traceback.

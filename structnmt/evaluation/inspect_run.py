@@ -158,10 +158,10 @@ def _heads_scores(model: Transformer, data: ParallelDataset, side: str, max_toke
     n = len(data)
     if side != "src":
         raise ConfigError("heads reads the encoder's self-attention: the side is src", "--side")
-    golds = [data.side_arrays(i, "src")["heads"].tolist() for i in range(n)] if data.has("src", "heads") else None
-    if golds is None:
+    if not data.has("src", "heads"):
         raise DataError("the split has no source trees to score heads against (prepare it with a parser)",
                         data.path)
+    golds = [data.side_arrays(i, "src")["heads"].tolist() for i in range(n)]
     found = head_parent_attention(model, _batches(model, data, ("src",), max_tokens), golds)
     offset, offset_accuracy = best_offset_accuracy(golds)
     best = [max(range(len(row)), key=row.__getitem__) for row in found["accuracy"]]
