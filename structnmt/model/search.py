@@ -92,11 +92,42 @@ def greedy_search(model: Transformer, batch: Batch, length_penalty_alpha: float 
     return results
 
 
+def _only_eos_where(out_of_length: list[bool], lprobs: Tensor, beam: int) -> Tensor:
+    """Leaves only end-of-sentence to the hypotheses of sentences at their length limit (masks:
+    boolean indexing would read the device)."""
+    if not any(out_of_length):
+        return lprobs
+    force = torch.tensor(out_of_length, dtype=torch.bool, device=lprobs.device).repeat_interleave(beam)
+    keep_eos = lprobs[:, EOS_ID].clone()
+    lprobs = lprobs.masked_fill(force[:, None], float("-inf"))
+    lprobs[:, EOS_ID] = torch.where(force, keep_eos, lprobs[:, EOS_ID])
+    return lprobs
+
+
+def _finish_ended(finished: list[list[Hypothesis]], live: list[int], is_eos: Tensor, history: Tensor,
+                  origin: Tensor, top_scores: Tensor, beam: int, alpha: float) -> None:
+    """Finishes the end-of-sentence candidates among each live sentence's best ``beam``, up to
+    ``beam`` hypotheses a sentence; what the host needs of them comes over in a few copies a
+    step, not one device read per candidate."""
+    eos_rows = is_eos[:, :beam].nonzero()
+    if not eos_rows.numel():
+        return
+    g, k = eos_rows[:, 0], eos_rows[:, 1]
+    ended = history.view(len(live), beam, -1)[g, origin[g, k], 1:].tolist()
+    logprobs = top_scores[g, k].tolist()
+    for group, toks, logprob in zip(g.tolist(), ended, logprobs):
+        hyps = finished[live[group]]
+        if len(hyps) < beam:
+            lp = length_penalty(len(toks) + 1, alpha)
+            hyps.append(Hypothesis(toks, logprob / lp, logprob))
+
+
 @torch.no_grad()
 def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
                 length_penalty_alpha: float = _DEFAULTS.length_penalty,
                 max_len_a: float = _DEFAULTS.max_len_a, max_len_b: int = _DEFAULTS.max_len_b,
                 nbest: int = _DEFAULTS.nbest) -> list[list[Hypothesis]]:
+    """Each sentence's ``nbest`` best hypotheses, best first (the recipe: the module's docstring)."""
     model.eval()
     device = batch.src.device
     enc = _encode(model, batch)
@@ -123,30 +154,14 @@ def beam_search(model: Transformer, batch: Batch, beam: int = _DEFAULTS.beam,
         lprobs[:, BOS_ID] = float("-inf")
         vocab = lprobs.size(-1)
         out_of_length = [step >= limits[sent] for sent in live]
-        if any(out_of_length):  # only end-of-sentence is left (masks: boolean indexing would read the device)
-            force = torch.tensor(out_of_length, dtype=torch.bool, device=device).repeat_interleave(beam)
-            keep_eos = lprobs[:, EOS_ID].clone()
-            lprobs = lprobs.masked_fill(force[:, None], float("-inf"))
-            lprobs[:, EOS_ID] = torch.where(force, keep_eos, lprobs[:, EOS_ID])
+        lprobs = _only_eos_where(out_of_length, lprobs, beam)
         cand = (scores.view(n, beam, 1) + lprobs.view(n, beam, vocab)).view(n, beam * vocab)
         top_scores, top_index = cand.topk(min(2 * beam, beam * vocab), dim=1)
         origin = torch.div(top_index, vocab, rounding_mode="floor")
         word = top_index % vocab
         is_eos = word.eq(EOS_ID) & torch.isfinite(top_scores)
 
-        # finish end-of-sentence candidates among the best `beam`: what the host needs of them
-        # comes over in a few copies a step, not one device read per candidate
-        eos_rows = (is_eos[:, :beam]).nonzero()
-        if eos_rows.numel():
-            g, k = eos_rows[:, 0], eos_rows[:, 1]
-            ended = history.view(n, beam, -1)[g, origin[g, k], 1:].tolist()
-            logprobs = top_scores[g, k].tolist()
-            for group, toks, logprob in zip(g.tolist(), ended, logprobs):
-                hyps = finished[live[group]]
-                if len(hyps) >= beam:
-                    continue
-                lp = length_penalty(len(toks) + 1, length_penalty_alpha)
-                hyps.append(Hypothesis(toks, logprob / lp, logprob))
+        _finish_ended(finished, live, is_eos, history, origin, top_scores, beam, length_penalty_alpha)
         done = [over or len(finished[sent]) >= beam for over, sent in zip(out_of_length, live)]
 
         # the next live hypotheses: the best `beam` candidates that are not end-of-sentence
