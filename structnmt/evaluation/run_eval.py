@@ -62,10 +62,7 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
     ``decoding`` (a ``DecodingConfig``) replaces the checkpoint's own decoding section: a study
     whose decoding changed after training re-tests with today's settings, not the old ones.
     """
-    from structnmt.data.dataset import ParallelDataset, with_set_aside
-    from structnmt.decoding.translate import translate_split
     from structnmt.decoding.translator import load_translator
-    from structnmt.evaluation.scores import corpus_scores
 
     run_dir = Path(run_dir)
     _check_run_dir(run_dir)
@@ -84,36 +81,47 @@ def evaluate_run(run_dir: str | Path, checkpoint: str | Path | None = None, spli
                         "and prepare again, or name the splits to score (--splits)", translator.dataset_dir)
     results = {}
     for split in names:
-        data = ParallelDataset(translator.dataset_dir, split)
-        started = time.perf_counter()
-        truncated: list[int] = []
-        stored = translate_split(translator.model, data, translator.preprocessor, settings, translator.device,
-                                 labels=translator.labels, truncated=truncated)
-        seconds = time.perf_counter() - started
-        set_aside = data.set_aside()  # empty sources prepare kept out of the arrays: empty translations
-        sources, targets = data.raw("src"), data.raw("tgt")  # the stored pairs' texts, read once
-        hyps = with_set_aside(stored, set_aside, lambda _pair: "")
-        refs = with_set_aside(targets, set_aside, lambda pair: pair["tgt"])
-        places = data.scored_positions()  # stored rows -> lines of the scored set, as eval/ numbers them
-        truncated = [places[n - 1] + 1 for n in truncated]
-        _warn_unscored(split, data.meta.get("splits", {}).get(split) or {})
-        scores = corpus_scores(hyps, [refs], metrics=("bleu", "chrf"))
-        scores.update({"checkpoint": str(ckpt), "beam": settings.beam, "sentences": len(hyps), "seconds": seconds,
-                       "truncated_lines": truncated})
-        if set_aside:
-            scores["empty_source_lines"] = [pair["line"] for pair in set_aside]
-        _write_set(run_dir / "eval", split, hyps, refs, with_set_aside(sources, set_aside, lambda pair: pair["src"]),
-                   scores)
-        results[split] = scores
-        if not quiet:
-            parts = scores["bleu_parts"]
-            ratio = f"{parts['ratio']:.3f}" if parts["ratio"] is not None else "-"
-            print(f"{split}: BLEU {scores['bleu']:.2f} (BP {parts['bp']:.3f}, length ratio {ratio})  "
-                  f"chrF {scores['chrf']:.2f}  ({counted(len(hyps), 'sentence')}, {seconds:.1f}s)  "
-                  f"{scores['signature']['bleu']}")
-        if long_dependency and data.has("src", "heads"):
-            results.update(_long_dependency(run_dir, split, data, (stored, targets, sources), places,
-                                            long_dependency, quiet))
+        results.update(_evaluate_split(translator, settings, ckpt, run_dir, split, long_dependency, quiet))
+    return results
+
+
+def _evaluate_split(translator: Any, settings: Any, ckpt: Path, run_dir: Path, split: str,
+                    long_dependency: int, quiet: bool) -> dict[str, dict]:
+    """Translate and score one split (and its long-dependency subset); write its ``eval/`` files."""
+    from structnmt.data.dataset import ParallelDataset, with_set_aside
+    from structnmt.decoding.translate import translate_split
+    from structnmt.evaluation.scores import corpus_scores
+
+    data = ParallelDataset(translator.dataset_dir, split)
+    started = time.perf_counter()
+    truncated: list[int] = []
+    stored = translate_split(translator.model, data, translator.preprocessor, settings, translator.device,
+                             labels=translator.labels, truncated=truncated)
+    seconds = time.perf_counter() - started
+    set_aside = data.set_aside()  # empty sources prepare kept out of the arrays: empty translations
+    sources, targets = data.raw("src"), data.raw("tgt")  # the stored pairs' texts, read once
+    hyps = with_set_aside(stored, set_aside, lambda _pair: "")
+    refs = with_set_aside(targets, set_aside, lambda pair: pair["tgt"])
+    places = data.scored_positions()  # stored rows -> lines of the scored set, as eval/ numbers them
+    truncated = [places[n - 1] + 1 for n in truncated]
+    _warn_unscored(split, data.meta.get("splits", {}).get(split) or {})
+    scores = corpus_scores(hyps, [refs], metrics=("bleu", "chrf"))
+    scores.update({"checkpoint": str(ckpt), "beam": settings.beam, "sentences": len(hyps), "seconds": seconds,
+                   "truncated_lines": truncated})
+    if set_aside:
+        scores["empty_source_lines"] = [pair["line"] for pair in set_aside]
+    _write_set(run_dir / "eval", split, hyps, refs, with_set_aside(sources, set_aside, lambda pair: pair["src"]),
+               scores)
+    results = {split: scores}
+    if not quiet:
+        parts = scores["bleu_parts"]
+        ratio = f"{parts['ratio']:.3f}" if parts["ratio"] is not None else "-"
+        print(f"{split}: BLEU {scores['bleu']:.2f} (BP {parts['bp']:.3f}, length ratio {ratio})  "
+              f"chrF {scores['chrf']:.2f}  ({counted(len(hyps), 'sentence')}, {seconds:.1f}s)  "
+              f"{scores['signature']['bleu']}")
+    if long_dependency and data.has("src", "heads"):
+        results.update(_long_dependency(run_dir, split, data, (stored, targets, sources), places,
+                                        long_dependency, quiet))
     return results
 
 
