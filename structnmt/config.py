@@ -34,6 +34,55 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", None) or str(tp).replace("typing.", "")
 
 
+def _convert_union(args: tuple[Any, ...], value: Any, where: str) -> Any:
+    """The first option of a union that ``value`` fits; else the error that says most."""
+    if value is None and type(None) in args:
+        return None
+    options = [arg for arg in args if arg is not type(None)]
+    if len(options) == 1:  # ``X | None``: X's own error names the field inside (data.clean.foo)
+        return convert(options[0], value, where)
+    errors: dict[Any, ConfigError] = {}
+    for arg in options:
+        try:
+            return convert(arg, value, where)
+        except ConfigError as err:
+            errors[arg] = err
+    # a word where a word is wanted, or a list where a list is: that option's own error says more
+    # (``stack: encodr`` -> "must be one of ['encoder', 'decoder']") than a list of type names
+    # (a word only where every other option is a list: ``int | Literal["auto"]`` says both)
+    lists = [arg for arg in errors if typing.get_origin(arg) in (list, tuple)]
+    if isinstance(value, str) and len(errors) - len(lists) == 1:
+        shaped = [err for arg, err in errors.items() if typing.get_origin(arg) is Literal]
+        if shaped:
+            raise shaped[0]
+    if isinstance(value, (list, tuple)) and len(lists) == 1:
+        raise errors[lists[0]]
+    raise ConfigError(f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}", where)
+
+
+def _convert_scalar(tp: Any, value: Any, where: str) -> Any:
+    """A bool, int, float or str as YAML gave it (a bool is no number; a float is finite)."""
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"expected true or false, got {value!r}", where)
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"expected an integer, got {value!r}", where)
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"expected a number, got {value!r}", where)
+        if not math.isfinite(value):  # .nan passes every "must be positive" test by failing none
+            raise ConfigError(f"expected a finite number, got {value!r}", where)
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"expected a string, got {value!r}", where)
+        return value
+    return value
+
+
 def convert(tp: Any, value: Any, where: str) -> Any:
     """Check ``value`` against the annotation ``tp`` and build nested dataclasses."""
     origin = typing.get_origin(tp)
@@ -41,28 +90,7 @@ def convert(tp: Any, value: Any, where: str) -> Any:
     if tp is Any:
         return value
     if origin in (typing.Union, types.UnionType):
-        if value is None and type(None) in args:
-            return None
-        options = [arg for arg in args if arg is not type(None)]
-        if len(options) == 1:  # ``X | None``: X's own error names the field inside (data.clean.foo)
-            return convert(options[0], value, where)
-        errors: dict[Any, ConfigError] = {}
-        for arg in options:
-            try:
-                return convert(arg, value, where)
-            except ConfigError as err:
-                errors[arg] = err
-        # a word where a word is wanted, or a list where a list is: that option's own error says more
-        # (``stack: encodr`` -> "must be one of ['encoder', 'decoder']") than a list of type names
-        # (a word only where every other option is a list: ``int | Literal["auto"]`` says both)
-        lists = [arg for arg in errors if typing.get_origin(arg) in (list, tuple)]
-        if isinstance(value, str) and len(errors) - len(lists) == 1:
-            shaped = [err for arg, err in errors.items() if typing.get_origin(arg) is Literal]
-            if shaped:
-                raise shaped[0]
-        if isinstance(value, (list, tuple)) and len(lists) == 1:
-            raise errors[lists[0]]
-        raise ConfigError(f"expected {' or '.join(_type_name(a) for a in args)}, got {value!r}", where)
+        return _convert_union(args, value, where)
     if origin is Literal:
         if isinstance(value, bool) and {"on", "off"} <= set(args):  # YAML 1.1 reads on/off as booleans
             value = "on" if value else "off"
@@ -83,25 +111,7 @@ def convert(tp: Any, value: Any, where: str) -> Any:
         return method_params(value, where)
     if dataclasses.is_dataclass(tp):
         return from_dict(tp, value, where)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise ConfigError(f"expected true or false, got {value!r}", where)
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(f"expected an integer, got {value!r}", where)
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigError(f"expected a number, got {value!r}", where)
-        if not math.isfinite(value):  # .nan passes every "must be positive" test by failing none
-            raise ConfigError(f"expected a finite number, got {value!r}", where)
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise ConfigError(f"expected a string, got {value!r}", where)
-        return value
-    return value
+    return _convert_scalar(tp, value, where)
 
 
 def from_dict(cls: type, data: Any, where: str = "") -> Any:
