@@ -168,6 +168,23 @@ def _source_heads(file: Path, sha256: str) -> dict[str, list[int]]:
     return _SOURCE_HEADS[key]
 
 
+def _pinned_source_heads(study: Study) -> tuple[dict[str, list[int]] | None, str]:
+    """The source heads of the study's pinned trees file by sentence key; else None and why not."""
+    from structnmt.io import sha256_file
+
+    if study.trees is None:
+        return None, "the study pins no trees file"
+    file, sha256 = Path(study.trees.file), study.trees.sha256.lower()
+    if not file.is_file():
+        return None, f"the study's trees file `{file}` is not on this machine"
+    if sha256_file(file) != sha256:
+        return None, f"`{file}` is not the study's trees file (its SHA-256 is not the study file's {sha256[:12]}…)"
+    try:
+        return _source_heads(file, sha256), ""
+    except (OSError, EOFError, ValueError, KeyError, TypeError) as err:
+        return None, f"`{file}` is not a readable trees file ({type(err).__name__})"
+
+
 def long_dependency_subsets(study: Study, records: dict[str, dict[int, dict]]) -> dict[str, Any]:
     """The sentences of each test set's long-dependency subset, one set for every run.
 
@@ -183,7 +200,6 @@ def long_dependency_subsets(study: Study, records: dict[str, dict[int, dict]]) -
     from structnmt.data.parsing.cache import TREES_FILE_KEY_BYTES, text_key
     from structnmt.data.tokenisation import MosesTokeniser
     from structnmt.evaluation.challenge import long_dependency_subset
-    from structnmt.io import sha256_file
 
     splits = list(dict.fromkeys(scores["subset_of"] for by_seed in records.values() for record in by_seed.values()
                                 for scores in record["scores"].values() if "subset_of" in scores))
@@ -191,20 +207,10 @@ def long_dependency_subsets(study: Study, records: dict[str, dict[int, dict]]) -
         return {"lines": {}, "note": ""}
     own = ("each run's long-dependency subset is its own, chosen from the trees its dataset held, as its record "
            "keeps it; runs whose subsets are other sentences are not compared")
-    if study.trees is None:
-        return {"lines": {}, "note": f"Long-dependency subsets: the study pins no trees file, so {own}."}
-    file, sha256 = Path(study.trees.file), study.trees.sha256.lower()
-    if not file.is_file():
-        return {"lines": {}, "note": f"Long-dependency subsets: the study's trees file `{file}` is not on this "
-                                     f"machine, so {own}."}
-    if sha256_file(file) != sha256:
-        return {"lines": {}, "note": f"Long-dependency subsets: `{file}` is not the study's trees file (its SHA-256 "
-                                     f"is not the study file's {sha256[:12]}…), so {own}."}
-    try:
-        heads_of = _source_heads(file, sha256)
-    except (OSError, EOFError, ValueError, KeyError, TypeError) as err:
-        return {"lines": {}, "note": f"Long-dependency subsets: `{file}` is not a readable trees file "
-                                     f"({type(err).__name__}), so {own}."}
+    heads_of, why_not = _pinned_source_heads(study)
+    if heads_of is None:
+        return {"lines": {}, "note": f"Long-dependency subsets: {why_not}, so {own}."}
+    file, sha256 = Path(study.trees.file), study.trees.sha256.lower()  # type: ignore[union-attr]  # pinned: heads read
     seed = study.seeds_of(study.baseline)[0]
     cfg = study.run_config(study.baseline, seed)
     moses = MosesTokeniser(cfg.data.src.lang) if cfg.data.moses else None  # the text the parser was given
