@@ -14,7 +14,7 @@ import bisect
 import io
 import logging
 import re
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -64,16 +64,7 @@ def train_sentencepiece(
     vocabulary, and SentencePiece then refuses to train; we retry once with the largest size
     it accepts and log that, rather than failing a toy experiment.
     """
-    if files:
-        def sentences() -> Iterator[str]:
-            for file in files:
-                with open(file, encoding="utf-8") as handle:
-                    yield from (line.rstrip("\n") for line in handle if line.strip())
-    else:
-        kept = [t for t in texts if t.strip()]
-
-        def sentences() -> Iterator[str]:
-            return iter(kept)
+    sentences = _sentence_source(texts, files)
     if next(sentences(), None) is None:
         raise DataError("no text to train the sub-word model on")
     path = Path(f"{model_prefix}.model")
@@ -93,24 +84,42 @@ def train_sentencepiece(
                 minloglevel=2,
             )
         except RuntimeError as err:
-            too_low = _TOO_LOW.search(str(err))
-            if too_low is not None:
-                raise ConfigError(
-                    f"{vocab_size} is smaller than the {too_low.group(2)} characters and special pieces the "
-                    "training text needs; raise it or lower data.subwords.character_coverage",
-                    "data.subwords.vocab_size",
-                ) from None
-            match = _TOO_HIGH.search(str(err))
-            if match is None or attempt == 1:
-                # the text is the only input here, so any other refusal is a data problem
-                raise DataError(f"SentencePiece cannot train on this text: {err}") from None
-            size = int(match.group(2))
+            size = _size_accepted(err, vocab_size, last_try=attempt == 1)
             log.warning("sub-word vocabulary of %d is too large for this corpus; using %d instead",
                         vocab_size, size)
             continue
         atomic_write_bytes(path, model.getvalue())
         return path, size
     raise AssertionError("unreachable")
+
+
+def _sentence_source(texts: Iterable[str], files: Sequence[Path]) -> Callable[[], Iterator[str]]:
+    """A new iterator over the training sentences at each call (SentencePiece may train twice)."""
+    if files:
+        def sentences() -> Iterator[str]:
+            for file in files:
+                with open(file, encoding="utf-8") as handle:
+                    yield from (line.rstrip("\n") for line in handle if line.strip())
+        return sentences
+    kept = [t for t in texts if t.strip()]
+    return lambda: iter(kept)
+
+
+def _size_accepted(err: RuntimeError, vocab_size: int, last_try: bool) -> int:
+    """The largest vocabulary SentencePiece accepts where ``err`` says ``vocab_size`` is too high;
+    any other refusal (or a second one) is raised as the configuration or data error it is."""
+    too_low = _TOO_LOW.search(str(err))
+    if too_low is not None:
+        raise ConfigError(
+            f"{vocab_size} is smaller than the {too_low.group(2)} characters and special pieces the "
+            "training text needs; raise it or lower data.subwords.character_coverage",
+            "data.subwords.vocab_size",
+        ) from None
+    match = _TOO_HIGH.search(str(err))
+    if match is None or last_try:
+        # the text is the only input here, so any other refusal is a data problem
+        raise DataError(f"SentencePiece cannot train on this text: {err}") from None
+    return int(match.group(2))
 
 
 class SubwordModel:
