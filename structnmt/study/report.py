@@ -807,6 +807,38 @@ def _own_subsets_match(record: dict[str, Any], lines: dict[str, list[int]]) -> b
     return all(chosen == lines[split] for split, chosen in mine) if mine else None
 
 
+def _trees_digest(record: dict[str, Any]) -> str | None:
+    trees = record.get("trees")
+    return json.dumps(trees, sort_keys=True) if isinstance(trees, dict) and trees else None
+
+
+def _trees_short(record: dict[str, Any]) -> str:
+    return "+".join(str(v)[:8] for _, v in sorted(record["trees"].items()))
+
+
+def _study_digests(study: Study, records: dict[str, dict[int, dict]], lines: dict[str, list[int]]
+                   ) -> dict[str, tuple[str | None, bool]]:
+    """Each dataset's study digest, and whether the trees file vouches for it: the one digest of the
+    runs whose own subsets are the file's (else of all its runs that read trees); None for a tie."""
+    pinned: dict[str, Counter] = {}
+    every: dict[str, Counter] = {}
+    for recipe, by_seed in records.items():
+        for seed, record in by_seed.items():
+            if record.get("reads_trees") and (d := _trees_digest(record)) is not None:
+                where = str(study.run_config(recipe, seed).data.dir)
+                every.setdefault(where, Counter())[d] += 1
+                if _own_subsets_match(record, lines):
+                    pinned.setdefault(where, Counter())[d] += 1
+    out: dict[str, tuple[str | None, bool]] = {}
+    for where in every:
+        for counts, vouched in ((pinned.get(where), True), (every[where], False)):
+            top = (counts or Counter()).most_common(2)
+            if top:
+                out[where] = (top[0][0], vouched) if len(top) == 1 or top[0][1] > top[1][1] else (None, vouched)
+                break
+    return out
+
+
 def trees_read(study: Study, records: dict[str, dict[int, dict]], lines: dict[str, list[int]]
                ) -> dict[tuple[str, int], dict[str, Any]]:
     """Which trees each run read, without the dataset (a fresh clone has the records only).
@@ -816,61 +848,39 @@ def trees_read(study: Study, records: dict[str, dict[int, dict]], lines: dict[st
     the study's trees file gives (else the one most runs have). A run with another digest, or whose
     own subsets are other sentences (records made before digests were kept), read other trees.
     Returns ``{(recipe, seed): {"cell": for the table, "other": why, when other trees}}``."""
-    def digest(record: dict[str, Any]) -> str | None:
-        trees = record.get("trees")
-        return json.dumps(trees, sort_keys=True) if isinstance(trees, dict) and trees else None
-
-    def short(record: dict[str, Any]) -> str:
-        return "+".join(str(v)[:8] for _, v in sorted(record["trees"].items()))
-
-    pinned: dict[str, Counter] = {}
-    every: dict[str, Counter] = {}
-    for recipe, by_seed in records.items():
-        for seed, record in by_seed.items():
-            if record.get("reads_trees") and (d := digest(record)) is not None:
-                where = str(study.run_config(recipe, seed).data.dir)
-                every.setdefault(where, Counter())[d] += 1
-                if _own_subsets_match(record, lines):
-                    pinned.setdefault(where, Counter())[d] += 1
-
-    def reference(where: str) -> tuple[str | None, bool]:
-        """The study's digest for a dataset, and whether the trees file vouches for it."""
-        for counts, vouched in ((pinned.get(where), True), (every.get(where), False)):
-            top = (counts or Counter()).most_common(2)
-            if top:
-                return (top[0][0], vouched) if len(top) == 1 or top[0][1] > top[1][1] else (None, vouched)
-        return None, False
-
+    references = _study_digests(study, records, lines)
     out: dict[tuple[str, int], dict[str, Any]] = {}
     for recipe, by_seed in records.items():
         for seed, record in sorted(by_seed.items()):
-            if not record.get("reads_trees"):
-                out[(recipe, seed)] = {"cell": "reads none", "other": None}
-                continue
-            d, match = digest(record), _own_subsets_match(record, lines)
-            ref, vouched = reference(str(study.run_config(recipe, seed).data.dir))
-            if match is False:
-                sizes = " / ".join(str(len((record["scores"].get(s + LONGDEP) or {}).get("lines") or ()))
-                                   for s in lines)
-                fixed = " / ".join(str(len(chosen)) for chosen in lines.values())
-                mine = f"digest {short(record)}, and " if d else ""
-                out[(recipe, seed)] = {"cell": f"**other** ({short(record) if d else 'by its subsets'})",
-                                       "other": f"{mine}long-dependency subsets of other sentences ({sizes} against "
-                                                f"the trees file's {fixed})"}
-            elif d is not None and ref is not None and d != ref:
-                theirs = "the runs that read the study's trees" if vouched else "most runs of the dataset"
-                out[(recipe, seed)] = {"cell": f"**other** ({short(record)})",
-                                       "other": f"digest {short(record)}, where {theirs} have "
-                                                f"{'+'.join(v[:8] for _, v in sorted(json.loads(ref).items()))}"}
-            elif d is not None:
-                pinned_here = study.trees is not None and (match or (d == ref and vouched))
-                out[(recipe, seed)] = {"cell": f"pinned ({short(record)})" if pinned_here else short(record),
-                                       "other": None}
-            elif match:
-                out[(recipe, seed)] = {"cell": "pinned (by its subsets)", "other": None}
-            else:
-                out[(recipe, seed)] = {"cell": "not recorded", "other": None}
+            where = str(study.run_config(recipe, seed).data.dir) if record.get("reads_trees") else ""
+            ref, vouched = references.get(where, (None, False))
+            out[(recipe, seed)] = _trees_cell(study, record, lines, ref, vouched)
     return out
+
+
+def _trees_cell(study: Study, record: dict[str, Any], lines: dict[str, list[int]], ref: str | None,
+                vouched: bool) -> dict[str, Any]:
+    """One run's cell of the trees column, and why its trees are other ones where they are."""
+    if not record.get("reads_trees"):
+        return {"cell": "reads none", "other": None}
+    d, match = _trees_digest(record), _own_subsets_match(record, lines)
+    if match is False:
+        sizes = " / ".join(str(len((record["scores"].get(s + LONGDEP) or {}).get("lines") or ())) for s in lines)
+        fixed = " / ".join(str(len(chosen)) for chosen in lines.values())
+        mine = f"digest {_trees_short(record)}, and " if d else ""
+        return {"cell": f"**other** ({_trees_short(record) if d else 'by its subsets'})",
+                "other": f"{mine}long-dependency subsets of other sentences ({sizes} against the trees file's {fixed})"}
+    if d is not None and ref is not None and d != ref:
+        theirs = "the runs that read the study's trees" if vouched else "most runs of the dataset"
+        return {"cell": f"**other** ({_trees_short(record)})",
+                "other": f"digest {_trees_short(record)}, where {theirs} have "
+                         f"{'+'.join(v[:8] for _, v in sorted(json.loads(ref).items()))}"}
+    if d is not None:
+        pinned_here = study.trees is not None and (match or (d == ref and vouched))
+        return {"cell": f"pinned ({_trees_short(record)})" if pinned_here else _trees_short(record), "other": None}
+    if match:
+        return {"cell": "pinned (by its subsets)", "other": None}
+    return {"cell": "not recorded", "other": None}
 
 
 def _runs_by(values: dict[str, list[str]]) -> str:
