@@ -40,6 +40,42 @@ def _warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr)
 
 
+def _languages(pair: str) -> tuple[str, str]:
+    try:
+        src, tgt = pair.split("-")
+    except ValueError:
+        raise ConfigError(f"expected a language pair like en-de, got {pair!r}", "pair") from None
+    for lang in (src, tgt):
+        if lang not in LANGS:
+            raise ConfigError(f"Multi30k has no {lang!r} (languages: {', '.join(LANGS)})", "pair")
+    return src, tgt
+
+
+def _split_files(split: str, langs: tuple[str, str], out: Path, from_dir: Path | None, base: str | None,
+                 sums: dict[str, str]) -> tuple[dict[str, str], list[str]]:
+    """One split's two files, from ``from_dir`` or downloaded, and the names of those not found
+    (a needed split's failed download raises instead)."""
+    files: dict[str, str] = {}
+    missing: list[str] = []
+    for side, lang in zip(("src", "tgt"), langs):
+        name = f"{split}.{lang}.gz"
+        if from_dir is not None:
+            path = Path(from_dir) / name
+            if not path.is_file():
+                missing.append(name)
+                continue
+        else:
+            try:
+                path = fetch(url_of(name, URL.format(name=name), base), out / "raw" / name, sums.get(name))
+            except NotFoundError:
+                if split in NEEDED:
+                    raise
+                missing.append(name)
+                continue
+        files[side] = str(path.resolve())
+    return files, missing
+
+
 def build_multi30k(pair: str, out: Path, from_dir: Path | None = None, base: str | None = None,
                    dataset: str | Path | None = None, parser: str | None = None,
                    say: Callable[[str], None] = _warn) -> DataConfig:
@@ -54,13 +90,7 @@ def build_multi30k(pair: str, out: Path, from_dir: Path | None = None, base: str
     ``$STRUCTNMT_DOWNLOAD_URL``), else the corpus's public repository. ``parser``: a spaCy model
     (name or path) for the source trees, recorded in the config like the rest.
     """
-    try:
-        src, tgt = pair.split("-")
-    except ValueError:
-        raise ConfigError(f"expected a language pair like en-de, got {pair!r}", "pair") from None
-    for lang in (src, tgt):
-        if lang not in LANGS:
-            raise ConfigError(f"Multi30k has no {lang!r} (languages: {', '.join(LANGS)})", "pair")
+    src, tgt = _languages(pair)
     if from_dir is not None:  # not "no train.en.gz" in a folder that is not there
         check_local_copy(from_dir, f"the local copy of the Multi30k raw files, {', '.join(SPLITS)}")
     out = Path(out)
@@ -68,23 +98,7 @@ def build_multi30k(pair: str, out: Path, from_dir: Path | None = None, base: str
     sums = mirror_checksums(base)
     splits: dict[str, dict[str, str]] = {}
     for split in SPLITS:
-        files, missing = {}, []
-        for side, lang in (("src", src), ("tgt", tgt)):
-            name = f"{split}.{lang}.gz"
-            if from_dir is not None:
-                path = Path(from_dir) / name
-                if not path.is_file():
-                    missing.append(name)
-                    continue
-            else:
-                try:
-                    path = fetch(url_of(name, URL.format(name=name), base), out / "raw" / name, sums.get(name))
-                except NotFoundError:
-                    if split in NEEDED:
-                        raise
-                    missing.append(name)
-                    continue
-            files[side] = str(path.resolve())
+        files, missing = _split_files(split, (src, tgt), out, from_dir, base, sums)
         if not missing:
             splits[split] = files
         elif split in NEEDED:  # only a local copy gets here: a download of a needed file raised above
