@@ -80,10 +80,10 @@ def test_it_runs_on_the_committed_study(capsys, monkeypatch):
     comparisons = sum(len(by_recipe) - 1 for by_recipe in report.values())
     assert f"({comparisons} comparisons; power 0.80;" in out
     row = next(line for line in out.splitlines() if line.startswith("| test_2017_flickr_longdep | lpsi_synchmse |"))
-    # the study's five seeds of LPSI + SynchMSE all lie above vanilla's five there (ASO 0.00)
-    assert f"| {2 / 252:.4f} |" in row
+    # the study's six seeds of LPSI + SynchMSE all lie above vanilla's six there (ASO 0.00)
+    assert f"| {2 / 924:.4f} |" in row
     paired = [line for line in out.splitlines() if line.startswith("| test_2017_flickr_longdep | lpsi_synchmse |")]
-    assert len(paired) == 2 and "| 5 | +1.49 |" in paired[1]  # the paired table: five same-seed pairs
+    assert len(paired) == 2 and "| 6 | +1.61 |" in paired[1]  # the paired table: six same-seed pairs
 
 
 def test_it_says_what_is_wrong_with_its_arguments(tmp_path, capsys, monkeypatch):
