@@ -41,6 +41,7 @@ def _warn(message: str) -> None:
 
 
 def _languages(pair: str) -> tuple[str, str]:
+    """``en-de`` as its two languages, each one Multi30k has."""
     try:
         src, tgt = pair.split("-")
     except ValueError:
@@ -103,8 +104,8 @@ def build_multi30k(pair: str, out: Path, from_dir: Path | None = None, base: str
             splits[split] = files
         elif split in NEEDED:  # only a local copy gets here: a download of a needed file raised above
             why = "the training data" if split == "train" else "the split train validates on (data.valid_split)"
-            files = "files" if len(missing) > 1 else "file"
-            raise DataError(f"{' and '.join(missing)} not found: {split} is {why}; put the Multi30k {files} "
+            noun = "files" if len(missing) > 1 else "file"
+            raise DataError(f"{' and '.join(missing)} not found: {split} is {why}; put the Multi30k {noun} "
                             f"there (from {URL.format(name=missing[0])})", from_dir)
         else:
             where = from_dir if from_dir is not None else base or URL.rsplit("/", 1)[0]

@@ -106,8 +106,9 @@ def _sentence_source(texts: Iterable[str], files: Sequence[Path]) -> Callable[[]
 
 
 def _size_accepted(err: RuntimeError, vocab_size: int, last_try: bool) -> int:
-    """The largest vocabulary SentencePiece accepts where ``err`` says ``vocab_size`` is too high;
-    any other refusal (or a second one) is raised as the configuration or data error it is."""
+    """The largest vocabulary SentencePiece accepts where ``err`` says the size asked is too high;
+    any other refusal (or a second one) is raised as the configuration or data error it is
+    (``vocab_size``: the size the config asked for, which the messages name)."""
     too_low = _TOO_LOW.search(str(err))
     if too_low is not None:
         raise ConfigError(

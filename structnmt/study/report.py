@@ -168,13 +168,10 @@ def _source_heads(file: Path, sha256: str) -> dict[str, list[int]]:
     return _SOURCE_HEADS[key]
 
 
-def _pinned_source_heads(study: Study) -> tuple[dict[str, list[int]] | None, str]:
-    """The source heads of the study's pinned trees file by sentence key; else None and why not."""
+def _pinned_source_heads(file: Path, sha256: str) -> tuple[dict[str, list[int]] | None, str]:
+    """The source heads of a study's pinned trees file by sentence key; else None and why not."""
     from structnmt.io import sha256_file
 
-    if study.trees is None:
-        return None, "the study pins no trees file"
-    file, sha256 = Path(study.trees.file), study.trees.sha256.lower()
     if not file.is_file():
         return None, f"the study's trees file `{file}` is not on this machine"
     if sha256_file(file) != sha256:
@@ -207,10 +204,12 @@ def long_dependency_subsets(study: Study, records: dict[str, dict[int, dict]]) -
         return {"lines": {}, "note": ""}
     own = ("each run's long-dependency subset is its own, chosen from the trees its dataset held, as its record "
            "keeps it; runs whose subsets are other sentences are not compared")
-    heads_of, why_not = _pinned_source_heads(study)
+    if study.trees is None:
+        return {"lines": {}, "note": f"Long-dependency subsets: the study pins no trees file, so {own}."}
+    file, sha256 = Path(study.trees.file), study.trees.sha256.lower()
+    heads_of, why_not = _pinned_source_heads(file, sha256)
     if heads_of is None:
         return {"lines": {}, "note": f"Long-dependency subsets: {why_not}, so {own}."}
-    file, sha256 = Path(study.trees.file), study.trees.sha256.lower()  # type: ignore[union-attr]  # pinned: heads read
     seed = study.seeds_of(study.baseline)[0]
     cfg = study.run_config(study.baseline, seed)
     moses = MosesTokeniser(cfg.data.src.lang) if cfg.data.moses else None  # the text the parser was given
@@ -808,18 +807,21 @@ def _own_subsets_match(record: dict[str, Any], lines: dict[str, list[int]]) -> b
 
 
 def _trees_digest(record: dict[str, Any]) -> str | None:
+    """The record's trees digest as one comparable string; None where it keeps none."""
     trees = record.get("trees")
     return json.dumps(trees, sort_keys=True) if isinstance(trees, dict) and trees else None
 
 
 def _trees_short(record: dict[str, Any]) -> str:
+    """The digest as the report prints it: each part's first eight characters."""
     return "+".join(str(v)[:8] for _, v in sorted(record["trees"].items()))
 
 
 def _study_digests(study: Study, records: dict[str, dict[int, dict]], lines: dict[str, list[int]]
                    ) -> dict[str, tuple[str | None, bool]]:
-    """Each dataset's study digest, and whether the trees file vouches for it: the one digest of the
-    runs whose own subsets are the file's (else of all its runs that read trees); None for a tie."""
+    """Each dataset's study digest, and whether the trees file vouches for it: the most common
+    digest of the runs whose own subsets are the file's or, where no such run has a digest, of all
+    its runs that read trees; None where the two most common tie."""
     pinned: dict[str, Counter] = {}
     every: dict[str, Counter] = {}
     for recipe, by_seed in records.items():
@@ -852,8 +854,9 @@ def trees_read(study: Study, records: dict[str, dict[int, dict]], lines: dict[st
     out: dict[tuple[str, int], dict[str, Any]] = {}
     for recipe, by_seed in records.items():
         for seed, record in sorted(by_seed.items()):
-            where = str(study.run_config(recipe, seed).data.dir) if record.get("reads_trees") else ""
-            ref, vouched = references.get(where, (None, False))
+            ref, vouched = None, False
+            if record.get("reads_trees"):
+                ref, vouched = references.get(str(study.run_config(recipe, seed).data.dir), (None, False))
             out[(recipe, seed)] = _trees_cell(study, record, lines, ref, vouched)
     return out
 
